@@ -1,0 +1,196 @@
+"""Federated strategies as small objects, and the aggregation they share.
+
+A strategy answers three questions: which keys leave a site (``exchanged_keys``), what
+is added to the local loss (``proximal_term``), and whether the sites' data are pooled
+(``pooled``, the centralized upper bound). Aggregation itself is one pure function,
+:func:`weighted_average`, used by the in-process driver and by the Flower server.
+
+FedBN is FedAvg with the site-private keys kept home; FedProx is FedAvg plus a proximal
+term; FedBN with FedProx is ``FedBN(mu=0.01)``. Adding a strategy means one class here
+and one entry in :data:`STRATEGIES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from fedbn_med.partition import Partition
+
+__all__ = [
+    "Strategy",
+    "FedAvg",
+    "FedProx",
+    "FedBN",
+    "SingleSet",
+    "Centralized",
+    "STRATEGIES",
+    "get_strategy",
+    "weighted_average",
+]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Base of every strategy: FedAvg semantics, nothing kept private, no proximal term.
+
+    Attributes
+    ----------
+    mu : float
+        Weight of the proximal term ``mu/2 * ||w - w_global||^2`` (0 disables it).
+    """
+
+    name: ClassVar[str] = "base"
+    keeps_private: ClassVar[bool] = False
+    exchanges: ClassVar[bool] = True
+    pooled: ClassVar[bool] = False
+    mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.mu >= 0.0):  # also rejects NaN
+            raise ValueError(f"mu must be a non-negative number, got {self.mu}.")
+
+    @property
+    def label(self) -> str:
+        """Return a display name, e.g. ``fedbn`` or ``fedbn+prox(mu=0.01)``."""
+        if self.mu > 0 and self.name != "fedprox":
+            return f"{self.name}+prox(mu={self.mu:g})"
+        return self.name
+
+    def exchanged_keys(self, partition: Partition) -> frozenset[str]:
+        """Return the keys a site sends to and receives from the server."""
+        if not self.exchanges:
+            return frozenset()
+        if self.keeps_private:
+            partition.require_private(self.name)
+            return partition.shared
+        return partition.all
+
+    def proximal_term(
+        self, model: nn.Module, anchor: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """Return ``mu/2 * ||w - w_anchor||^2`` over the anchored parameters, or None."""
+        if self.mu == 0.0 or not anchor:
+            return None
+        total: torch.Tensor | None = None
+        for name, param in model.named_parameters():
+            ref = anchor.get(name)
+            if ref is None:
+                continue
+            sq = torch.sum((param - ref) ** 2)
+            total = sq if total is None else total + sq
+        return None if total is None else 0.5 * self.mu * total
+
+
+@dataclass(frozen=True)
+class FedAvg(Strategy):
+    """Average every key across sites, BN statistics included (the paper's baseline)."""
+
+    name: ClassVar[str] = "fedavg"
+
+
+@dataclass(frozen=True)
+class FedProx(FedAvg):
+    """FedAvg plus the proximal term in each site's local loss."""
+
+    name: ClassVar[str] = "fedprox"
+    mu: float = 1e-2
+
+
+@dataclass(frozen=True)
+class FedBN(FedAvg):
+    """FedAvg with every normalisation-layer tensor kept at its site."""
+
+    name: ClassVar[str] = "fedbn"
+    keeps_private: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class SingleSet(Strategy):
+    """Train each site on its own data; nothing is exchanged."""
+
+    name: ClassVar[str] = "singleset"
+    exchanges: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class Centralized(Strategy):
+    """Pool every site's training data into one model (an upper bound, not federated)."""
+
+    name: ClassVar[str] = "centralized"
+    pooled: ClassVar[bool] = True
+
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (FedBN, FedAvg, FedProx, SingleSet, Centralized)
+}
+
+
+def get_strategy(name: str, mu: float | None = None) -> Strategy:
+    """Return the strategy registered under ``name``.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`STRATEGIES`.
+    mu : float, optional
+        Proximal weight; when omitted the strategy's default is used.
+    """
+    cls = STRATEGIES.get(str(name).lower())
+    if cls is None:
+        raise ValueError(
+            f"Unknown strategy '{name}'. Valid strategies: {', '.join(sorted(STRATEGIES))}."
+        )
+    return cls() if mu is None else cls(mu=float(mu))
+
+
+def weighted_average(
+    updates: Sequence[tuple[Mapping[str, torch.Tensor], int]],
+) -> dict[str, torch.Tensor]:
+    """Average state tensors key by key, weighted by each site's number of examples.
+
+    Parameters
+    ----------
+    updates : sequence of (state, num_examples)
+        Every state must hold the same keys with the same shapes.
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+        The weighted mean, computed in float64 and cast back to each key's dtype
+        (integer counters such as ``num_batches_tracked`` are rounded).
+    """
+    if not updates:
+        raise ValueError("Cannot aggregate: no site sent an update.")
+    total = sum(int(n) for _, n in updates)
+    if total <= 0:
+        raise ValueError(
+            f"Cannot aggregate: the sites reported {total} training examples in all "
+            "(expected a positive number)."
+        )
+    keys = list(updates[0][0].keys())
+    for state, _ in updates[1:]:
+        if set(state.keys()) != set(keys):
+            missing = sorted(set(keys) ^ set(state.keys()))
+            raise ValueError(f"Updates disagree on their keys: {missing[:5]} ...")
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        ref = updates[0][0][key]
+        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        for state, n in updates:
+            tensor = state[key]
+            if tensor.shape != ref.shape:
+                raise ValueError(
+                    f"Updates disagree on the shape of '{key}': {tuple(ref.shape)} "
+                    f"and {tuple(tensor.shape)}."
+                )
+            acc += tensor.detach().to("cpu", torch.float64) * (int(n) / total)
+        if ref.dtype.is_floating_point:
+            out[key] = acc.to(ref.dtype)
+        else:
+            out[key] = torch.round(acc).to(ref.dtype)
+    return out

@@ -1,0 +1,321 @@
+"""One site's training logic, independent of the engine that drives it.
+
+:class:`SiteTrainer` holds a site's model, data, optimiser settings and private state.
+It implements MONAI's :class:`monai.fl.client.ClientAlgo` lifecycle, so the same object
+can serve the in-process driver, the Flower adapter, or another engine that speaks
+``ClientAlgo``. It knows nothing of Flower or MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from monai.fl.client import ClientAlgo
+from monai.fl.utils.constants import WeightType
+from monai.fl.utils.exchange_object import ExchangeObject
+from torch import nn
+
+from fedbn_med.metrics import classification_metrics
+from fedbn_med.partition import partition_model, select
+from fedbn_med.strategies import Strategy
+
+__all__ = ["SiteData", "SiteTrainer", "resolve_device", "derive_seed", "ShapeMismatchError"]
+
+logger = logging.getLogger(__name__)
+
+Weights = dict[str, torch.Tensor]
+
+
+class ShapeMismatchError(ValueError):
+    """Raised when weights or data do not fit a site's model."""
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """Return CUDA when present and asked for ``auto``, else the named device."""
+    if device is None or str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(
+            f"Unknown device '{device}'. Expected 'auto', 'cpu', 'cuda' or 'cuda:N'."
+        ) from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Device '{device}' was requested but this machine has no CUDA GPU.")
+    return resolved
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """Derive a reproducible 31-bit seed from a base seed and labels (site, round)."""
+    text = ":".join([str(int(seed)), *map(str, parts)])
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """A site's split data as tensors: ``(features, labels)`` for train, val and test."""
+
+    train: tuple[torch.Tensor, torch.Tensor]
+    val: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+
+    @property
+    def num_features(self) -> int:
+        """Return the feature dimension."""
+        return int(self.train[0].shape[1])
+
+    @property
+    def num_train(self) -> int:
+        """Return the number of training examples."""
+        return int(self.train[0].shape[0])
+
+
+class SiteTrainer(ClientAlgo):
+    """Train and evaluate one site's model under a federated strategy.
+
+    Parameters
+    ----------
+    site : str
+        The site's name (e.g. ``"UCLA"``); it seeds the site's shuffling.
+    model : torch.nn.Module
+        The site's network; its normalisation layers are the site's private state.
+    data : SiteData
+        The site's train, validation and test tensors.
+    strategy : Strategy
+        Decides which keys are exchanged and whether a proximal term is added.
+    lr : float
+        SGD learning rate (the paper uses 1e-2).
+    batch_size : int
+        Mini-batch size (the paper uses 32).
+    local_epochs : int
+        Local epochs per round, unless the round's config says otherwise.
+    seed : int
+        Base seed; each round's shuffling and dropout derive from it.
+    device : str
+        ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda:N"``.
+    """
+
+    def __init__(
+        self,
+        site: str,
+        model: nn.Module,
+        data: SiteData,
+        strategy: Strategy,
+        *,
+        lr: float = 1e-2,
+        batch_size: int = 32,
+        local_epochs: int = 1,
+        seed: int = 0,
+        device: str | torch.device | None = "auto",
+    ) -> None:
+        if lr <= 0 or not math.isfinite(lr):
+            raise ValueError(f"lr must be a positive number, got {lr}.")
+        if batch_size < 2:
+            raise ValueError(f"batch_size must be at least 2 (batch norm), got {batch_size}.")
+        if local_epochs < 1:
+            raise ValueError(f"local_epochs must be at least 1, got {local_epochs}.")
+        self.site = site
+        self.device = resolve_device(device)
+        self.model = model.to(self.device)
+        self.data = data
+        self.strategy = strategy
+        self.lr = float(lr)
+        self.batch_size = int(batch_size)
+        self.local_epochs = int(local_epochs)
+        self.seed = int(seed)
+        self.partition = partition_model(model)
+        self.exchanged = strategy.exchanged_keys(self.partition)
+        self.rounds_trained = 0
+        self._check_data()
+
+    # -- state ---------------------------------------------------------------------------
+    def _check_data(self) -> None:
+        expected = getattr(self.model, "in_features", None)
+        for split, (x, y) in zip(("train", "val", "test"), (self.data.train, self.data.val,
+                                                             self.data.test)):
+            if expected is not None and x.ndim == 2 and x.shape[1] != expected:
+                raise ShapeMismatchError(
+                    f"Site '{self.site}' has {split} data of shape {tuple(x.shape)} but the "
+                    f"federation's model expects {expected} features per example "
+                    f"(shape (N, {expected}))."
+                )
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"Site '{self.site}' {split} split has {x.shape[0]} examples but "
+                    f"{y.shape[0]} labels."
+                )
+            if not torch.isfinite(x).all():
+                raise ValueError(f"Site '{self.site}' {split} data contains NaN or Inf.")
+
+    def shared_weights(self) -> Weights:
+        """Return copies of the tensors this site exchanges, on the CPU."""
+        state = self.model.state_dict()
+        return {k: v.detach().to("cpu").clone() for k, v in select(state, self.exchanged).items()}
+
+    def private_state(self) -> Weights:
+        """Return copies of the site-private tensors (normalisation layers), on the CPU."""
+        state = self.model.state_dict()
+        return {
+            k: v.detach().to("cpu").clone()
+            for k, v in select(state, self.partition.private).items()
+        }
+
+    def load_private_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Restore the site-private tensors saved by :meth:`private_state`."""
+        unknown = set(state) - set(self.partition.private)
+        if unknown:
+            raise ValueError(
+                f"Private state for site '{self.site}' holds keys that are not private: "
+                f"{sorted(unknown)[:5]}."
+            )
+        self._load(state, allowed=self.partition.private)
+
+    def load_shared(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load received weights; refuse keys this site does not exchange or bad shapes."""
+        self._load(weights, allowed=self.exchanged)
+
+    def _load(self, weights: Mapping[str, torch.Tensor], allowed: frozenset[str]) -> None:
+        if not weights:
+            return
+        not_allowed = set(weights) - set(allowed)
+        if not_allowed:
+            raise ValueError(
+                f"Site '{self.site}' received keys it does not exchange under strategy "
+                f"'{self.strategy.label}': {sorted(not_allowed)[:5]}."
+            )
+        state = self.model.state_dict()
+        for key, tensor in weights.items():
+            if tuple(tensor.shape) != tuple(state[key].shape):
+                raise ShapeMismatchError(
+                    f"Site '{self.site}': weight '{key}' has shape {tuple(tensor.shape)} but "
+                    f"the site's model has shape {tuple(state[key].shape)}."
+                )
+        with torch.no_grad():
+            for key, tensor in weights.items():
+                state[key].copy_(torch.as_tensor(tensor).to(state[key].dtype))
+
+    # -- ClientAlgo ----------------------------------------------------------------------
+    def initialize(self, extra: dict | None = None) -> None:
+        """Nothing to set up: the trainer is ready when constructed."""
+
+    def finalize(self, extra: dict | None = None) -> None:
+        """Release nothing; the model stays usable."""
+
+    def abort(self, extra: dict | None = None) -> None:
+        """Training runs synchronously, so there is nothing to abort."""
+
+    def get_weights(self, extra: dict | None = None) -> ExchangeObject:
+        """Return the exchanged weights as a MONAI :class:`ExchangeObject`."""
+        return ExchangeObject(
+            weights=self.shared_weights(),
+            weight_type=WeightType.WEIGHTS,
+            statistics={"num_executed_iterations": self.rounds_trained,
+                        "num_examples": self.data.num_train},
+        )
+
+    def train(
+        self, data: Mapping[str, torch.Tensor] | ExchangeObject, extra: dict | None = None
+    ) -> tuple[Weights, int, dict[str, float]]:
+        """Load the global weights, train locally and return the update.
+
+        Parameters
+        ----------
+        data : mapping or ExchangeObject
+            The global values of the exchanged keys (empty for SingleSet).
+        extra : dict, optional
+            Round config: ``round`` (int) and optionally ``local_epochs``.
+
+        Returns
+        -------
+        (shared_weights, num_examples, metrics)
+            The site's new exchanged weights, its number of training examples and
+            ``{"train_loss": ...}``.
+        """
+        weights = data.weights if isinstance(data, ExchangeObject) else data
+        config = dict(extra or {})
+        rnd = int(config.get("round", self.rounds_trained + 1))
+        epochs = int(config.get("local_epochs", self.local_epochs))
+        if epochs < 1:
+            raise ValueError(f"local_epochs must be at least 1, got {epochs}.")
+        self.load_shared(weights or {})
+        anchor = (
+            {k: v.detach().clone() for k, v in self.model.state_dict().items()
+             if k in self.exchanged}
+            if self.strategy.mu > 0 else {}
+        )
+        torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
+        gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
+        x, y = self.data.train
+        n = x.shape[0]
+        optimiser = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        loss_fn = nn.CrossEntropyLoss()
+        self.model.train()
+        losses: list[float] = []
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, self.batch_size):
+                idx = order[start:start + self.batch_size]
+                if idx.numel() < 2:  # batch norm cannot train on a single example
+                    continue
+                xb = x[idx].to(self.device, non_blocking=True)
+                yb = y[idx].to(self.device, non_blocking=True)
+                optimiser.zero_grad(set_to_none=True)
+                loss = loss_fn(self.model(xb), yb)
+                prox = self.strategy.proximal_term(self.model, anchor)
+                if prox is not None:
+                    loss = loss + prox
+                loss.backward()
+                optimiser.step()
+                losses.append(float(loss.detach()))
+        self.rounds_trained = rnd
+        train_loss = float(np.mean(losses)) if losses else math.nan
+        if not math.isfinite(train_loss):
+            logger.warning("Site %s: training loss is %s in round %d", self.site, train_loss, rnd)
+        return self.shared_weights(), n, {"train_loss": train_loss}
+
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """Return the probability of the positive class for each example."""
+        self.model.eval()
+        out = []
+        for start in range(0, x.shape[0], 512):
+            logits = self.model(x[start:start + 512].to(self.device))
+            out.append(torch.softmax(logits, dim=1)[:, 1].cpu())
+        return torch.cat(out) if out else torch.empty(0)
+
+    @torch.no_grad()
+    def _score(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        self.model.eval()
+        logits = torch.cat([self.model(x[s:s + 512].to(self.device)).cpu()
+                            for s in range(0, x.shape[0], 512)])
+        loss = float(nn.functional.cross_entropy(logits, y))
+        prob = torch.softmax(logits, dim=1)[:, 1].numpy()
+        return classification_metrics(y.numpy(), prob, loss)
+
+    def evaluate(
+        self, data: Mapping[str, torch.Tensor] | ExchangeObject | None = None,
+        extra: dict | None = None,
+    ) -> dict[str, float] | ExchangeObject:
+        """Load the given global weights and score the validation and test splits.
+
+        Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``;
+        wrapped in an :class:`ExchangeObject` when called with one (the ClientAlgo way).
+        """
+        as_exchange = isinstance(data, ExchangeObject)
+        weights = data.weights if as_exchange else data
+        self.load_shared(weights or {})
+        metrics: dict[str, float] = {}
+        for split in ("val", "test"):
+            x, y = getattr(self.data, split)
+            if x.shape[0] == 0:
+                continue
+            for name, value in self._score(x, y).items():
+                metrics[f"{split}_{name}"] = value
+        return ExchangeObject(metrics=metrics) if as_exchange else metrics

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from monai.fl.client import ClientAlgo
+from monai.fl.utils.exchange_object import ExchangeObject
+
+from fedbn_med.driver import run_in_process
+from fedbn_med.model import AbideMLP
+from fedbn_med.strategies import Centralized, FedAvg, FedBN, SingleSet, get_strategy
+from fedbn_med.trainer import ShapeMismatchError, SiteData, SiteTrainer
+
+
+def _site_data(shift: float, scale: float, seed: int, n: int = 60, d: int = 12) -> SiteData:
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=gen)
+    x = torch.randn(n, d, generator=gen)
+    x[:, 0] += 1.5 * y  # a label signal shared by every site
+    x = x * scale + shift  # a site-specific feature shift
+    cut1, cut2 = int(0.6 * n), int(0.8 * n)
+    return SiteData(train=(x[:cut1], y[:cut1]), val=(x[cut1:cut2], y[cut1:cut2]),
+                    test=(x[cut2:], y[cut2:]))
+
+
+def _trainers(strategy, d: int = 12) -> dict[str, SiteTrainer]:
+    specs = {"A": (0.0, 1.0), "B": (3.0, 2.0), "C": (-2.0, 0.5)}
+    out = {}
+    for i, (site, (shift, scale)) in enumerate(specs.items()):
+        torch.manual_seed(0)  # same initial weights everywhere
+        out[site] = SiteTrainer(site, AbideMLP(d), _site_data(shift, scale, i, d=d), strategy,
+                                batch_size=16, seed=0, device="cpu")
+    return out
+
+
+def test_fedbn_round_keeps_private_local_and_shared_identical():
+    trainers = _trainers(FedBN())
+    before = {s: t.private_state() for s, t in trainers.items()}
+    history = run_in_process(trainers, FedBN(), rounds=2)
+    shared = {s: t.shared_weights() for s, t in trainers.items()}
+    for key in trainers["A"].partition.shared:
+        torch.testing.assert_close(shared["A"][key], shared["B"][key], rtol=0, atol=0)
+        torch.testing.assert_close(shared["A"][key], history.global_weights[key])
+    private = {s: t.private_state() for s, t in trainers.items()}
+    for key in trainers["A"].partition.private:
+        if key.endswith("num_batches_tracked"):
+            continue
+        assert not torch.equal(private["A"][key], private["B"][key]), key
+        assert not torch.equal(private["A"][key], before["A"][key]), key
+    assert set(history.global_weights) == trainers["A"].partition.shared
+
+
+def test_aggregation_leaves_private_tensors_unchanged():
+    trainers = _trainers(FedBN())
+    config = {"round": 1}
+    updates = [t.train({}, config) for t in trainers.values()]
+    private_after_training = {s: t.private_state() for s, t in trainers.items()}
+    from fedbn_med.strategies import weighted_average
+    global_w = weighted_average([(w, n) for w, n, _ in updates])
+    for site, trainer in trainers.items():
+        trainer.evaluate(global_w)
+        for key, value in trainer.private_state().items():
+            assert torch.equal(value, private_after_training[site][key])
+
+
+def test_fedavg_makes_bn_statistics_identical():
+    trainers = _trainers(FedAvg())
+    run_in_process(trainers, FedAvg(), rounds=1)
+    a, b = trainers["A"].model.state_dict(), trainers["C"].model.state_dict()
+    for key in trainers["A"].partition.private:
+        torch.testing.assert_close(a[key], b[key])
+
+
+def test_singleset_exchanges_nothing():
+    trainers = _trainers(SingleSet())
+    history = run_in_process(trainers, SingleSet(), rounds=2)
+    assert history.global_weights == {}
+    wa = trainers["A"].model.state_dict()["net.0.weight"]
+    wb = trainers["B"].model.state_dict()["net.0.weight"]
+    assert not torch.equal(wa, wb)
+
+
+def test_centralized_pools_and_every_site_evaluates():
+    strategy = Centralized()
+    trainers = _trainers(strategy)
+    parts = [t.data.train for t in trainers.values()]
+    pooled_data = SiteData(train=(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])),
+                           val=trainers["A"].data.val, test=trainers["A"].data.test)
+    torch.manual_seed(0)
+    pooled = SiteTrainer("pooled", AbideMLP(12), pooled_data, strategy, batch_size=16,
+                         device="cpu")
+    history = run_in_process(trainers, strategy, rounds=2, pooled=pooled)
+    assert set(history.final()) == {"A", "B", "C"}
+    assert all("test_accuracy" in m for m in history.final().values())
+
+
+def test_run_is_deterministic_and_learns():
+    h1 = run_in_process(_trainers(FedBN()), FedBN(), rounds=5)
+    h2 = run_in_process(_trainers(FedBN()), FedBN(), rounds=5)
+    assert h1.rows == h2.rows
+    losses = [r["train_loss"] for r in h1.rows if r["site"] == "B"]
+    assert losses[-1] < losses[0]
+
+
+def test_client_algo_interface():
+    trainer = _trainers(FedBN())["A"]
+    assert isinstance(trainer, ClientAlgo)
+    trainer.initialize()
+    incoming = ExchangeObject(weights=trainer.get_weights().weights)
+    trainer.train(incoming, {"round": 1})
+    out = trainer.get_weights()
+    assert out.is_valid_weights() and set(out.weights) == trainer.partition.shared
+    result = trainer.evaluate(ExchangeObject(weights=out.weights))
+    assert isinstance(result, ExchangeObject) and "test_auc" in result.metrics
+    trainer.finalize()
+
+
+def test_refuses_private_keys_and_bad_shapes():
+    trainer = _trainers(FedBN())["A"]
+    private_key = sorted(trainer.partition.private)[0]
+    with pytest.raises(ValueError, match="does not exchange"):
+        trainer.train({private_key: torch.zeros(16)}, {"round": 1})
+    with pytest.raises(ShapeMismatchError, match=r"shape \(16, 99\).*shape \(16, 12\)"):
+        trainer.train({"net.0.weight": torch.zeros(16, 99)}, {"round": 1})
+    bad = _site_data(0, 1, 0, d=20)
+    with pytest.raises(ShapeMismatchError, match=r"shape \(36, 20\).*expects 12 features"):
+        SiteTrainer("X", AbideMLP(12), bad, FedBN(), device="cpu")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        run_in_process(_trainers(FedBN()), FedBN(), rounds=0)
+    with pytest.raises(ValueError, match="lr must be a positive"):
+        SiteTrainer("A", AbideMLP(12), _site_data(0, 1, 0), get_strategy("fedbn"), lr=-1)
+    data = _site_data(0, 1, 0)
+    data.train[0][0, 0] = float("nan")
+    with pytest.raises(ValueError, match="contains NaN"):
+        SiteTrainer("A", AbideMLP(12), data, FedBN(), device="cpu")
