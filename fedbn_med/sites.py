@@ -7,6 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedbn_med.paths import repo_root
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -47,7 +49,7 @@ class SiteConfig:
 def sites_dir() -> Path:
     """Return the folder of site files: ``$FEDBN_MED_SITES``, else the repository's ``sites/``."""
     env = os.environ.get("FEDBN_MED_SITES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "sites"
+    return Path(env) if env else repo_root() / "sites"
 
 
 def available_sites(directory: Path | None = None) -> list[str]:

@@ -1,0 +1,107 @@
+"""Seeded, stratified train/validation/test splits of one site's subjects.
+
+Each site splits its own subjects (the federation never pools them): the test set is
+one fold of a shuffled :class:`sklearn.model_selection.StratifiedKFold`, and the
+validation set is a stratified share of the remaining subjects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.model_selection import StratifiedKFold
+
+__all__ = ["Split", "site_splits"]
+
+
+@dataclass(frozen=True, eq=False)
+class Split:
+    """Index arrays of one site's train, validation and test subjects (disjoint, sorted)."""
+
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray
+
+    def __post_init__(self) -> None:
+        """Make the index arrays read-only."""
+        for part in (self.train, self.val, self.test):
+            part.setflags(write=False)
+
+
+def _proportional_counts(class_sizes: np.ndarray, total: int) -> np.ndarray:
+    """Share ``total`` over classes in proportion to their sizes (largest remainder)."""
+    exact = class_sizes * total / class_sizes.sum()
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[: total - counts.sum()]] += 1
+    return np.minimum(counts, class_sizes)
+
+
+def site_splits(
+    labels: Sequence[int] | np.ndarray,
+    *,
+    n_folds: int = 5,
+    fold: int = 0,
+    val_fraction: float = 0.15,
+    seed: int = 0,
+) -> Split:
+    """Split one site's subjects into stratified train, validation and test indices.
+
+    Parameters
+    ----------
+    labels : sequence of int or numpy.ndarray
+        Class label per subject (1-D).
+    n_folds : int, default=5
+        Number of cross-validation folds; the test set is one of them.
+    fold : int, default=0
+        Which fold is the test set, in ``[0, n_folds)``.
+    val_fraction : float, default=0.15
+        Share of all the site's subjects held out for validation, taken from the subjects
+        outside the test fold, stratified by label; 0 gives an empty validation set.
+    seed : int, default=0
+        Seed of the shuffles (one seed per repeated run).
+
+    Returns
+    -------
+    Split
+        Disjoint sorted index arrays that together cover every subject.
+
+    Raises
+    ------
+    ValueError
+        If ``labels`` is not 1-D, ``n_folds`` < 2, ``fold`` is out of range,
+        ``val_fraction`` leaves no training subjects, or a class has fewer subjects
+        than ``n_folds``.
+    """
+    y = np.asarray(labels)
+    if y.ndim != 1 or y.size == 0:
+        raise ValueError(f"Expected a non-empty 1-D array of labels, got shape {y.shape}.")
+    if isinstance(n_folds, bool) or not isinstance(n_folds, (int, np.integer)) or n_folds < 2:
+        raise ValueError(f"n_folds must be an integer >= 2, got {n_folds!r}.")
+    if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)) or not 0 <= fold < n_folds:
+        raise ValueError(f"fold must be an integer in [0, {n_folds - 1}] for n_folds={n_folds}, "
+                         f"got {fold!r}.")
+    max_val = 1.0 - 1.0 / n_folds
+    if not 0.0 <= val_fraction < max_val:
+        raise ValueError(f"val_fraction must lie in [0, {max_val:g}) for n_folds={n_folds} "
+                         f"(the rest must keep training subjects), got {val_fraction!r}.")
+    classes, class_sizes = np.unique(y, return_counts=True)
+    if class_sizes.min() < n_folds:
+        small = ", ".join(f"class {c.item()!r} has {n}"
+                          for c, n in zip(classes, class_sizes, strict=True) if n < n_folds)
+        raise ValueError(f"Each class needs at least n_folds={n_folds} subjects for a "
+                         f"stratified split; got {small}.")
+    folds = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    rest, test = list(folds.split(np.zeros(len(y)), y))[fold]
+    rng = np.random.default_rng([seed, fold])
+    rest_sizes = np.array([(y[rest] == c).sum() for c in classes])
+    n_val = min(round(val_fraction * len(y)), len(rest) - len(classes))
+    val_counts = _proportional_counts(rest_sizes, max(n_val, 0))
+    val = np.concatenate([
+        rng.permutation(rest[y[rest] == c])[:k] for c, k in zip(classes, val_counts, strict=True)
+    ]).astype(np.int64)
+    train = np.setdiff1d(rest, val)
+    return Split(train=np.sort(train).astype(np.int64), val=np.sort(val),
+                 test=np.sort(test).astype(np.int64))

@@ -1,0 +1,137 @@
+"""The ClientApp: one site's :class:`SiteTrainer` behind Flower messages.
+
+The site is named by the node config (``site='UCLA'``); the run config carries the
+hyper-parameters. A site sends only the keys its strategy exchanges: under FedBN never a
+normalisation-layer tensor. Whatever the site keeps (its BN layers; under SingleSet its
+whole model) is saved after every round, atomically, in the node's ``state-dir``, so a
+restarted site resumes with its own state and a runtime that starts a fresh process per
+message still sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
+from fedbn_med.experiment import build_trainer
+from fedbn_med.federation.config import NodeSettings, experiment_from_run_config
+from fedbn_med.federation.records import pack, unpack
+from fedbn_med.partition import select
+from fedbn_med.sites import load_site
+from fedbn_med.trainer import SiteTrainer
+
+__all__ = ["app", "SiteRuntime"]
+
+logger = logging.getLogger(__name__)
+
+app = ClientApp()
+
+
+@dataclass
+class SiteRuntime:
+    """A site's trainer and where its kept state lives, built once per run."""
+
+    trainer: SiteTrainer
+    state_path: Path
+    setups: int = 1
+
+    @property
+    def kept_keys(self) -> frozenset[str]:
+        """Return the keys that never leave the site under this strategy."""
+        return self.trainer.partition.all - self.trainer.exchanged
+
+    def save(self, rnd: int) -> str:
+        """Persist the kept state after a round; return its hash."""
+        kept = select(self.trainer.model.state_dict(), self.kept_keys)
+        save_tensors(self.state_path, kept, {"round": rnd, "site": self.trainer.site})
+        return state_hash(kept)
+
+    def restore(self) -> int:
+        """Load the last saved kept state, if any; return its round (0 when none)."""
+        if not self.state_path.exists():
+            return 0
+        tensors, meta = load_tensors(self.state_path)
+        self.trainer._load(tensors, allowed=self.kept_keys)
+        rnd = int(meta.get("round", 0))  # type: ignore[call-overload]
+        self.trainer.rounds_trained = rnd
+        logger.info("Site %s resumed its private state of round %d from %s",
+                    self.trainer.site, rnd, self.state_path)
+        return rnd
+
+
+_RUNTIMES: dict[tuple[int, str], SiteRuntime] = {}
+_SETUPS = {"count": 0}
+
+
+def runtime(context: Context) -> SiteRuntime:
+    """Return this site's runtime for the run, building it on the run's first message."""
+    node = NodeSettings.from_node_config(context.node_config)
+    federation_id = str(context.run_config.get("federation-id", context.run_id))
+    key = (context.run_id, node.site)
+    if key not in _RUNTIMES:
+        config = experiment_from_run_config(context.run_config).replace(data_dir=node.data_dir)
+        site_cfg = load_site(node.site)
+        trainer = build_trainer(site_cfg, config, device=node.device if node.device != "auto"
+                                else site_cfg.device)
+        state_path = node.state_dir / federation_id / f"{node.site}.safetensors"
+        rt = SiteRuntime(trainer=trainer, state_path=state_path)
+        rt.restore()
+        _SETUPS["count"] += 1
+        rt.setups = _SETUPS["count"]
+        _RUNTIMES.clear()  # one run at a time per site process
+        _RUNTIMES[key] = rt
+    return _RUNTIMES[key]
+
+
+def _metric_record(metrics: dict[str, float]) -> MetricRecord:
+    return MetricRecord({k: float(v) for k, v in metrics.items()})
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Tell the server who this site is and what its data look like."""
+    rt = runtime(context)
+    info = ConfigRecord({
+        "site": rt.trainer.site,
+        "num-features": rt.trainer.data.num_features,
+        "num-train": rt.trainer.data.num_train,
+        "resumed-round": rt.trainer.rounds_trained,
+        "device": str(rt.trainer.device),
+    })
+    return Message(RecordDict({"info": info}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Evaluate the incoming global weights if asked, then train and send the update."""
+    rt = runtime(context)
+    cfg = msg.content.config_records.get("config", ConfigRecord())
+    incoming = unpack(msg.content)
+    rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))
+    content = RecordDict()
+    if bool(cfg.get("evaluate-first", False)):
+        # The previous round's global weights with this site's current private layers:
+        # exactly what the site would have scored right after that round's aggregation.
+        content["eval"] = _metric_record(rt.trainer.evaluate(incoming))
+    run_cfg = {"round": rnd}
+    if "local-epochs" in cfg:
+        run_cfg["local_epochs"] = int(cfg["local-epochs"])
+    weights, n, fit = rt.trainer.train(incoming, run_cfg)
+    digest = rt.save(rnd)
+    pack(weights, content)
+    content["metrics"] = _metric_record({"num-examples": n, **fit, "setups": rt.setups})
+    content["state"] = ConfigRecord({"private-hash": digest, "round": rnd})
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Score the global weights on this site's validation and test splits."""
+    rt = runtime(context)
+    metrics = rt.trainer.evaluate(unpack(msg.content))
+    return Message(RecordDict({"metrics": _metric_record(metrics)}), reply_to=msg)

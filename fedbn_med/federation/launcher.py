@@ -1,0 +1,301 @@
+"""Start, watch and stop the processes of a federation.
+
+:class:`LocalFederation` owns every process it starts (SuperLink, site nodes, the
+``flwr run`` client) and stops them all on exit, on error and on Ctrl-C, children
+included. Servers bind 127.0.0.1 unless a caller passes another host explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+__all__ = ["LocalFederation", "TlsFiles", "free_port", "FederationError", "APP_DIR"]
+
+logger = logging.getLogger(__name__)
+
+APP_DIR = Path(__file__).resolve().parent / "flower_app"
+_BIN = Path(sys.executable).parent
+
+
+class FederationError(RuntimeError):
+    """Raised when a federated run fails; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The consortium's TLS files as the server uses them."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _tool(name: str) -> str:
+    candidate = _BIN / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"Flower's '{name}' command was not found (is flwr installed?).")
+    return found
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+class LocalFederation:
+    """A SuperLink, site nodes and runs, as child processes of this one.
+
+    Parameters
+    ----------
+    workdir : path
+        Where logs, Flower's home, checkpoints and results go.
+    host : str
+        Address the SuperLink binds (127.0.0.1 unless asked otherwise).
+    port : int, optional
+        Port of the SuperLink (free port when omitted).
+    """
+
+    def __init__(self, workdir: str | Path, host: str = "127.0.0.1", port: int | None = None,
+                 tls: TlsFiles | None = None, node_auth: bool = False) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        self.host = host
+        self.port = port or free_port(host if host != "0.0.0.0" else "127.0.0.1")
+        self.tls = tls
+        self.node_auth = node_auth
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.flwr_home = self.workdir / "flwr_home"
+        self.flwr_home.mkdir(exist_ok=True)
+        self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home),
+                    "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        self._write_connection()
+
+    @property
+    def address(self) -> str:
+        """Return ``HOST:PORT`` of the SuperLink."""
+        return f"{self.host}:{self.port}"
+
+    def _write_connection(self) -> None:
+        lines = ["[superlink]", 'default = "fedbn"', "", "[superlink.fedbn]",
+                 f'address = "{self.address}"']
+        if self.tls is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.tls.ca_cert}"')
+        (self.flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    # -- processes -----------------------------------------------------------------------
+    def _spawn(self, name: str, cmd: list[str], extra_env: Mapping[str, str] | None = None
+               ) -> subprocess.Popen:
+        log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
+        env = {**self.env, **(extra_env or {})}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=self.workdir, start_new_session=True)
+        log.close()
+        self.processes[name] = proc
+        return proc
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        """Return the last lines of a process's log."""
+        path = self.workdir / "logs" / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def start_superlink(self, timeout: float = 60.0) -> None:
+        """Start the SuperLink and wait until it accepts connections."""
+        cmd = [_tool("flower-superlink"), "--host", self.host, "--port", str(self.port),
+               "--disable-runtime-dependency-installation"]
+        if self.tls is None:
+            cmd.append("--insecure")
+        else:
+            cmd += ["--ssl-ca-certfile", str(self.tls.ca_cert), "--ssl-certfile",
+                    str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key)]
+        if self.node_auth:
+            cmd.append("--enable-supernode-auth")
+        proc = self._spawn("superlink", cmd)
+        probe = "127.0.0.1" if self.host == "0.0.0.0" else self.host
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise FederationError("The SuperLink exited at start-up:\n"
+                                      + self.log_tail("superlink"))
+            try:
+                with socket.create_connection((probe, self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise FederationError(f"The SuperLink did not listen on {self.address} within "
+                              f"{timeout:.0f} s.")
+
+    def node_command(self, site: str, state_dir: Path, data_dir: Path | None = None,
+                     device: str = "auto", auth_key: Path | None = None,
+                     max_wait_time: float = 60.0) -> list[str]:
+        """Return the command that runs one site's node against this SuperLink."""
+        cfg = f"site='{site}' state-dir='{state_dir}' device='{device}'"
+        if data_dir is not None:
+            cfg += f" data-dir='{data_dir}'"
+        cmd = [sys.executable, "-m", "fedbn_med.federation.node", "--superlink",
+               f"{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}",
+               "--node-config", cfg, "--max-wait-time", str(max_wait_time)]
+        if self.tls is None:
+            cmd.append("--insecure")
+        else:
+            cmd += ["--root-certificates", str(self.tls.ca_cert)]
+        if auth_key is not None:
+            cmd += ["--auth-key", str(auth_key)]
+        return cmd
+
+    def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
+                   auth_key: Path | None = None, threads: int | None = None
+                   ) -> subprocess.Popen:
+        """Start one site's node process (its own OS process).
+
+        ``threads`` caps the site's CPU threads, so several sites on one host share its
+        cores instead of fighting over them.
+        """
+        state_dir = self.workdir / "sites"
+        env = None
+        if threads is not None:
+            env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        return self._spawn(f"site-{site}", self.node_command(site, state_dir, data_dir, device,
+                                                             auth_key), extra_env=env)
+
+    def wait_sites_ready(self, sites: list[str], timeout: float = 120.0) -> float:
+        """Wait until every site's node has connected; return the seconds it took."""
+        start = time.monotonic()
+        pending = set(sites)
+        while pending:
+            for site in list(pending):
+                proc = self.processes[f"site-{site}"]
+                if "fedbn-med node ready" in self.log_tail(f"site-{site}", 400):
+                    pending.discard(site)
+                elif proc.poll() is not None:
+                    raise FederationError(f"Site {site} exited at start-up:\n"
+                                          + self.log_tail(f"site-{site}"))
+            if time.monotonic() - start > timeout:
+                raise FederationError(f"Sites {sorted(pending)} did not connect within "
+                                      f"{timeout:.0f} s.")
+            time.sleep(0.1)
+        return time.monotonic() - start
+
+    def submit(self, run_config: Mapping[str, object]) -> subprocess.Popen:
+        """Submit a run (``flwr run --stream``) with the given run-config overrides."""
+        overrides = self.workdir / "run_config.toml"
+        overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
+        cmd = [_tool("flwr"), "run", str(APP_DIR), "fedbn", "--stream",
+               "--run-config", str(overrides)]
+        return self._spawn("run", cmd)
+
+    def watch(self, run: subprocess.Popen, on_event: Callable[[dict], None] | None = None,
+              timeout: float = 3600.0) -> dict:
+        """Follow the run's progress events until it ends; return its results."""
+        progress = self.workdir / "progress.jsonl"
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            done = run.poll() is not None
+            if progress.exists():
+                lines = progress.read_text().splitlines()
+                for line in lines[seen:]:
+                    if on_event is not None and line.strip():
+                        on_event(json.loads(line))
+                seen = len(lines)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise FederationError(f"The run did not finish within {timeout:.0f} s.")
+            for name, proc in self.processes.items():
+                if name == "superlink" and proc.poll() is not None:
+                    raise FederationError("The SuperLink stopped during the run:\n"
+                                          + self.log_tail("superlink"))
+            time.sleep(0.1)
+        results = self.workdir / "results.json"
+        log = self.log_tail("run", 400)
+        if "Exit Code:" in log or not results.exists():
+            reason = [ln for ln in log.splitlines() if "Error" in ln or "error" in ln][-8:]
+            raise FederationError("The federated run failed on the server:\n"
+                                  + "\n".join(reason or log.splitlines()[-15:]))
+        return json.loads(results.read_text())
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+        """Stop one process and every process it started."""
+        proc = self.processes.pop(name, None)
+        if proc is None:
+            return
+        _terminate_tree(proc.pid, sig, grace)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:  # pragma: no cover - killed above
+            proc.kill()
+
+    def stop(self) -> None:
+        """Stop every process this federation started (sites first, then the server)."""
+        for name in [n for n in self.processes if n != "superlink"]:
+            self.stop_process(name)
+        self.stop_process("superlink")
+
+    def __enter__(self) -> LocalFederation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate_tree(pid: int, sig: int, grace: float) -> None:
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    # The SuperLink starts its executor in a session of its own: find those by session.
+    try:
+        sid = os.getsid(pid)
+        family += [p for p in psutil.process_iter() if p.pid != pid and _sid(p.pid) == sid
+                   and p not in family]
+    except OSError:
+        pass
+    for proc in family:
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(family, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _sid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None

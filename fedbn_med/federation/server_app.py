@@ -1,0 +1,366 @@
+"""The ServerApp: discovers the sites, runs the rounds, aggregates, checkpoints, tracks.
+
+The loop is ours rather than Flower's ``FedAvg.start`` because FedBN needs what that
+loop does not give: the site behind each node, a refusal of any reply that carries a
+site-private key, a bounded wait for sites, and a checkpoint after every round. The
+average itself is :func:`fedbn_med.strategies.weighted_average`, the same pure function
+the in-process driver uses.
+
+To keep a round's overhead small, one message per site per round does both jobs: it
+carries the new global weights, the site first scores them (the previous round's
+evaluation) and then trains. After the last round one evaluate message closes the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
+from fedbn_med.experiment import ExperimentConfig, build_model
+from fedbn_med.federation.config import ServerSettings, experiment_from_run_config
+from fedbn_med.federation.records import pack, unpack
+from fedbn_med.partition import partition_model
+from fedbn_med.report import convergence_plot, site_table
+from fedbn_med.strategies import weighted_average
+from fedbn_med.tracking import FederationTracker
+
+__all__ = ["app", "FederationServer", "FastGrid", "validate_update"]
+
+logger = logging.getLogger("fedbn_med.server")
+
+app = ServerApp()
+
+
+def _shorten_object_pull_backoff() -> None:
+    # flwr 1.42's grid pulls reply contents with a 1 s first back-off (10 s cap) when a
+    # reply is visible before its contents are uploaded: a whole second lost per round.
+    import flwr.superlink.grid.http_grid as http_grid
+    from flwr.supercore.inflatable.inflatable_utils import pull_objects
+
+    http_grid.pull_objects = functools.partial(pull_objects, initial_backoff=0.01,
+                                               backoff_cap=0.2)
+
+
+class FastGrid:
+    """Send messages and collect replies, polling every ``poll`` seconds.
+
+    Flower's own ``send_and_receive`` looks for replies every 3 s, which would dominate a
+    round whose compute takes a fraction of a second.
+    """
+
+    def __init__(self, grid: Grid, poll: float = 0.01, max_poll: float = 0.2) -> None:
+        self.grid = grid
+        self.poll = poll
+        self.max_poll = max_poll
+
+    def node_ids(self) -> list[int]:
+        """Return the IDs of the nodes connected now."""
+        return list(self.grid.get_node_ids())
+
+    def send(self, messages: Iterable[Message], timeout: float) -> list[Message]:
+        """Push messages and return the replies that arrive within ``timeout`` seconds."""
+        pending = {i for i in self.grid.push_messages(list(messages)) if i}
+        deadline = time.monotonic() + timeout
+        replies: list[Message] = []
+        wait = self.poll
+        while pending and time.monotonic() < deadline:
+            got = list(self.grid.pull_messages(list(pending)))
+            replies.extend(got)
+            pending -= {m.metadata.reply_to_message_id for m in got}
+            if pending:
+                time.sleep(wait)
+                wait = self.poll if got else min(self.max_poll, wait * 1.5)
+        return replies
+
+
+def validate_update(
+    site: str, weights: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+    private_keys: Iterable[str],
+) -> str | None:
+    """Return why an update must be left out of the average, or None when it is sound."""
+    leaked = sorted(set(weights) & set(private_keys))
+    if leaked:
+        return f"it carries site-private keys {leaked[:3]} (refused, never stored)"
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        return f"its keys differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})"
+    for key, tensor in weights.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            return (f"'{key}' has shape {tuple(tensor.shape)}, expected "
+                    f"{tuple(expected[key].shape)}")
+        if tensor.dtype.is_floating_point and not torch.isfinite(tensor).all():
+            return f"'{key}' holds NaN or Inf"
+    return None
+
+
+class FederationServer:
+    """Run one federation over the connected site nodes."""
+
+    def __init__(self, grid: FastGrid, config: ExperimentConfig, settings: ServerSettings
+                 ) -> None:
+        self.grid = grid
+        self.config = config
+        self.settings = settings
+        self.strategy = config.strategy_obj()
+        if self.strategy.pooled:
+            raise ValueError(
+                f"Strategy '{self.strategy.name}' pools every site's data in one place; it is "
+                "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
+            )
+        model = build_model(settings.in_features, config)
+        self.partition = partition_model(model)
+        self.exchanged = self.strategy.exchanged_keys(self.partition)
+        state = model.state_dict()
+        self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
+        self.template = dict(self.global_weights)
+        self.sites: dict[int, str] = {}
+        self.rows: list[dict[str, object]] = []
+        self.workdir = settings.workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = self.workdir / "server" / "global.safetensors"
+        self.start_round = 1
+        self.tracker: FederationTracker | None = None
+
+    # -- set-up --------------------------------------------------------------------------
+    def _event(self, **event: object) -> None:
+        with open(self.workdir / "progress.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(event, default=float) + "\n")
+
+    def discover(self) -> None:
+        """Wait (bounded) for the expected sites; ask each node which site it is."""
+        expected = set(self.config.sites)
+        deadline = time.monotonic() + self.settings.wait_timeout
+        asked: set[int] = set()
+        while True:
+            new = [n for n in self.grid.node_ids() if n not in asked]
+            if new:
+                asked.update(new)
+                self._query(new)
+            found = set(self.sites.values())
+            if expected <= found:
+                break
+            if time.monotonic() > deadline:
+                missing = sorted(expected - found)
+                if len(found & expected) >= self.settings.min_sites:
+                    logger.warning("Starting without sites %s after %.0f s", missing,
+                                   self.settings.wait_timeout)
+                    break
+                raise TimeoutError(
+                    f"Only {len(found & expected)} of {len(expected)} sites connected within "
+                    f"{self.settings.wait_timeout:.0f} s (at least {self.settings.min_sites} "
+                    f"needed). Missing sites: {', '.join(missing)}."
+                )
+            time.sleep(0.2)
+        self._event(event="ready", sites=sorted(set(self.sites.values())))
+
+    def _query(self, node_ids: list[int]) -> None:
+        messages = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
+                            message_type=MessageType.QUERY) for n in node_ids]
+        for reply in self.grid.send(messages, timeout=self.settings.wait_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                logger.error("Node %s failed to start its site: %s", node, reply.error.reason)
+                self._event(event="site-error", node=node, reason=reply.error.reason)
+                continue
+            info = reply.content.config_records["info"]
+            site, dim = str(info["site"]), int(info["num-features"])
+            if site not in self.config.sites:
+                logger.error("Node %s is site '%s', which is not in this federation (%s); "
+                             "ignored.", node, site, ", ".join(self.config.sites))
+                continue
+            if dim != self.settings.in_features:
+                reason = (f"Site '{site}' has data of shape (N, {dim}) but the federation's "
+                          f"model takes (N, {self.settings.in_features}); the site is refused.")
+                logger.error(reason)
+                self._event(event="site-refused", site=site, reason=reason)
+                continue
+            self.sites = {n: s for n, s in self.sites.items() if s != site}  # a rejoin
+            self.sites[node] = site
+            logger.info("Site %s is node %s (resumed round %s)", site, node,
+                        info["resumed-round"])
+
+    def resume(self) -> str | None:
+        """Load the last global checkpoint; return the MLflow parent run ID it names."""
+        if not self.checkpoint.exists():
+            raise FileNotFoundError(
+                f"--resume was given but there is no checkpoint at {self.checkpoint}.")
+        tensors, meta = load_tensors(self.checkpoint)
+        if set(tensors) != set(self.global_weights):
+            raise ValueError(f"Checkpoint {self.checkpoint} does not fit this model/strategy.")
+        self.global_weights = tensors
+        self.start_round = int(meta["round"]) + 1  # type: ignore[call-overload]
+        self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
+        logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
+        return str(meta.get("parent_run_id") or "") or None
+
+    # -- rounds --------------------------------------------------------------------------
+    def _message(self, node: int, mtype: str, rnd: int, evaluate_first: bool) -> Message:
+        content = RecordDict({"config": ConfigRecord({
+            "round": rnd, "local-epochs": self.config.local_epochs,
+            "evaluate-first": evaluate_first})})
+        pack(self.global_weights, content)
+        return Message(content, dst_node_id=node, message_type=mtype, group_id=str(rnd))
+
+    def _live_nodes(self) -> dict[int, str]:
+        connected = set(self.grid.node_ids())
+        return {n: s for n, s in self.sites.items() if n in connected}
+
+    def run(self) -> None:
+        """Run every round, then the final evaluation; write results and track them."""
+        parent_id = self.resume() if self.settings.resume else None
+        self.discover()
+        self.tracker = FederationTracker(
+            self.settings.experiment, self.strategy.label,
+            {**self.config.params(), "min_sites": self.settings.min_sites,
+             "federation_id": self.settings.federation_id, "engine": "flower"},
+            sorted(set(self.sites.values())),
+            tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
+        )
+        pending: dict[str, dict[str, float]] = {}
+        for rnd in range(self.start_round, self.config.rounds + 1):
+            pending = self._round(rnd, pending)
+        self._close(pending)
+
+    def _round(self, rnd: int, pending: dict[str, dict[str, float]]
+               ) -> dict[str, dict[str, float]]:
+        nodes = self._live_nodes()
+        if len(nodes) < self.settings.min_sites:
+            self.discover()
+            nodes = self._live_nodes()
+        started = time.monotonic()
+        evaluate_first = rnd > self.start_round
+        replies = self.grid.send(
+            [self._message(n, MessageType.TRAIN, rnd, evaluate_first) for n in nodes],
+            timeout=self.settings.round_timeout,
+        )
+        updates, fits, evals = [], {}, {}
+        for reply in replies:
+            site = nodes.get(reply.metadata.src_node_id)
+            if site is None:
+                continue
+            if reply.has_error():
+                logger.error("Round %d: site %s failed: %s", rnd, site, reply.error.reason)
+                continue
+            content = reply.content
+            if "eval" in content.metric_records:
+                evals[site] = {k: float(v) for k, v in content.metric_records["eval"].items()}
+            metrics = {k: float(v) for k, v in content.metric_records["metrics"].items()}
+            try:
+                weights = unpack(content)
+            except ValueError as err:
+                logger.warning("Round %d: update of site %s left out: %s", rnd, site, err)
+                continue
+            if self.strategy.exchanges:
+                reason = validate_update(site, weights, self.template, self.partition.private
+                                         if self.strategy.keeps_private else ())
+                if reason is None:
+                    reason = self._outlier(site, weights, updates)
+                if reason is not None:
+                    logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+                    self._event(event="update-refused", round=rnd, site=site, reason=reason)
+                    continue
+                updates.append((site, weights, int(metrics["num-examples"])))
+            fits[site] = {"num_examples": metrics["num-examples"],
+                          "train_loss": metrics["train_loss"], "setups": metrics["setups"]}
+        missing = sorted(set(nodes.values()) - set(fits))
+        if len(fits) < self.settings.min_sites:
+            raise RuntimeError(
+                f"Round {rnd}: only {len(fits)} sites answered (at least "
+                f"{self.settings.min_sites} needed); missing: {', '.join(missing)}.")
+        if missing:
+            logger.warning("Round %d completes without sites %s", rnd, missing)
+        if self.strategy.exchanges and updates:
+            self.global_weights = weighted_average([(w, n) for _, w, n in updates])
+        if evaluate_first:
+            self._complete(rnd - 1, pending, evals)
+        self._save_checkpoint(rnd)
+        self._event(event="trained", round=rnd, seconds=time.monotonic() - started,
+                    sites=sorted(fits), missing=missing)
+        return fits
+
+    def _outlier(self, site: str, weights: Mapping[str, torch.Tensor], updates: list
+                 ) -> str | None:
+        # A norm far above the others' is left out (a site gone wrong, or a hostile one).
+        if not updates or not weights:
+            return None
+        norm = float(torch.sqrt(sum(torch.sum((w.double() - self.global_weights[k].double())
+                                              ** 2) for k, w in weights.items()
+                                    if w.dtype.is_floating_point)))
+        others = [float(torch.sqrt(sum(torch.sum((w.double() - self.global_weights[k].double())
+                                                 ** 2) for k, w in u.items()
+                                       if w.dtype.is_floating_point)))
+                  for _, u, _ in updates]
+        ref = sorted(others)[len(others) // 2]
+        if ref > 0 and norm > 50 * ref:
+            return f"its update norm {norm:.3g} is over 50x the others' median {ref:.3g}"
+        return None
+
+    def _complete(self, rnd: int, fits: Mapping[str, Mapping[str, float]],
+                  evals: Mapping[str, Mapping[str, float]]) -> None:
+        round_metrics = {site: {**fits[site], **evals.get(site, {})} for site in fits}
+        for site, metrics in round_metrics.items():
+            self.rows.append({"round": rnd, "site": site, **metrics})
+        assert self.tracker is not None
+        self.tracker.log_round(rnd, round_metrics)
+        self._event(event="round", round=rnd, sites=round_metrics)
+
+    def _save_checkpoint(self, rnd: int) -> None:
+        assert self.tracker is not None
+        save_tensors(self.checkpoint, self.global_weights,
+                     {"round": rnd, "parent_run_id": self.tracker.parent_id,
+                      "rows": self.rows, "strategy": self.strategy.label})
+
+    def _close(self, pending: dict[str, dict[str, float]]) -> None:
+        nodes = self._live_nodes()
+        replies = self.grid.send(
+            [self._message(n, MessageType.EVALUATE, self.config.rounds, False) for n in nodes],
+            timeout=self.settings.round_timeout,
+        )
+        evals = {}
+        for reply in replies:
+            site = nodes.get(reply.metadata.src_node_id)
+            if site is not None and not reply.has_error():
+                evals[site] = {k: float(v) for k, v in reply.content.metric_records["metrics"].items()}
+        if pending:
+            self._complete(self.config.rounds, pending, evals)
+        assert self.tracker is not None
+        final = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
+                 for r in self.rows if r["round"] == self.config.rounds}
+        table = site_table(final)  # type: ignore[arg-type]
+        results = {"strategy": self.strategy.label, "rounds": self.config.rounds,
+                   "rows": self.rows, "final": final, "table": table,
+                   "parent_run_id": self.tracker.parent_id,
+                   "tracking_uri": self.tracker.tracking_uri}
+        write_text_atomic(self.workdir / "results.json", json.dumps(results, default=float,
+                                                                   indent=1))
+        self.tracker.log_text(table + "\n", "results.md")
+        plot = convergence_plot({self.strategy.label: self.rows},  # type: ignore[dict-item]
+                                self.workdir / "convergence.png",
+                                title=f"{self.strategy.label}, {len(final)} sites")
+        self.tracker.log_file(plot)
+        if self.global_weights:
+            self.tracker.log_shared_weights(
+                self.global_weights,
+                self.partition.private if self.strategy.keeps_private else ())
+        self.tracker.finish()
+        self._event(event="done", table=table)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the federation described by the run config."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    _shorten_object_pull_backoff()
+    config = experiment_from_run_config(context.run_config)
+    settings = ServerSettings.from_run_config(context.run_config, len(config.sites))
+    FederationServer(FastGrid(grid), config, settings).run()

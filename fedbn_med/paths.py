@@ -1,0 +1,64 @@
+"""Resolve where fedbn_med keeps its data, the way nilearn does.
+
+The data directory is taken from, in order: the argument, the environment variable
+``FEDBN_MED_DATA``, then ``~/fedbn_med_data``. Nothing here depends on the current
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["DATA_ENV_VAR", "DEFAULT_DATA_DIR", "repo_root", "resolve_data_dir"]
+
+DATA_ENV_VAR = "FEDBN_MED_DATA"
+DEFAULT_DATA_DIR = "~/fedbn_med_data"
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """Return the absolute data directory: argument, then environment, then home default.
+
+    Parameters
+    ----------
+    data_dir : str or pathlib.Path or None, default=None
+        Explicit directory. When None, the environment variable ``FEDBN_MED_DATA`` is used
+        if set and not empty, else ``~/fedbn_med_data``.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory, with ``~`` expanded and made absolute. It is not created.
+
+    Raises
+    ------
+    TypeError
+        If ``data_dir`` is neither a string, a path nor None.
+    ValueError
+        If ``data_dir`` is an empty string.
+    """
+    if data_dir is None:
+        chosen = os.environ.get(DATA_ENV_VAR) or DEFAULT_DATA_DIR
+    elif isinstance(data_dir, (str, os.PathLike)):
+        chosen = os.fspath(data_dir)
+        if not str(chosen).strip():
+            raise ValueError(
+                "Expected a data directory path, got an empty string. Pass a directory, "
+                f"or None to use ${DATA_ENV_VAR} or {DEFAULT_DATA_DIR}."
+            )
+    else:
+        raise TypeError(
+            f"Expected data_dir as str, pathlib.Path or None, got {type(data_dir).__name__}."
+        )
+    return Path(chosen).expanduser().absolute()
+
+
+def repo_root() -> Path:
+    """Return the directory that contains the ``fedbn_med`` package.
+
+    Returns
+    -------
+    pathlib.Path
+        The parent of the package directory (the repository root in a source checkout).
+    """
+    return Path(__file__).resolve().parent.parent

@@ -1,0 +1,204 @@
+"""Experiment tracking in MLflow: the only module that imports mlflow.
+
+Layout of a federation in the store: one experiment per pipeline; one parent run per
+federation holding its parameters, the rounds each site took part in, the results
+table, the convergence plot and the final shared weights; one child run per site,
+tagged with the site, holding that site's metrics at ``step = round``.
+
+Site-private tensors are never logged here: only metrics and the shared weights the
+server already holds reach the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import mlflow
+import torch
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from safetensors.torch import save_file
+
+from fedbn_med.paths import repo_root
+
+__all__ = ["default_tracking_uri", "default_artifact_root", "FederationTracker"]
+
+logger = logging.getLogger(__name__)
+
+_REPO = repo_root()
+
+
+def default_tracking_uri() -> str:
+    """Return ``$MLFLOW_TRACKING_URI``, else the sqlite store in the repository's ``mlflow/``."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    store = _REPO / "mlflow"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def default_artifact_root() -> str:
+    """Return the artifact folder next to the default sqlite store."""
+    root = _REPO / "mlflow" / "artifacts"
+    root.mkdir(parents=True, exist_ok=True)
+    return root.as_uri()
+
+
+def _code_version() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(_REPO), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5, check=False)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _finite_metrics(metrics: Mapping[str, float], step: int, ts: int) -> list[Metric]:
+    out = []
+    for key, value in metrics.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append(Metric(key, float(value), ts, step))
+    return out
+
+
+class FederationTracker:
+    """Log one federation to MLflow as a parent run with a child run per site.
+
+    Parameters
+    ----------
+    experiment : str
+        Experiment name (one per pipeline, e.g. ``"abide-fedbn"``).
+    run_name : str
+        Name of the parent run (e.g. ``"fedbn"``).
+    params : mapping
+        Hyper-parameters logged on the parent run.
+    sites : iterable of str
+        Site names; one child run each.
+    tracking_uri : str, optional
+        Where the store is; defaults to :func:`default_tracking_uri`.
+    parent_run_id : str, optional
+        Resume this parent run (and its child runs) instead of creating new ones.
+    """
+
+    def __init__(
+        self,
+        experiment: str,
+        run_name: str,
+        params: Mapping[str, object],
+        sites: Iterable[str],
+        *,
+        tracking_uri: str | None = None,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> None:
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.experiment_id = self._experiment(experiment)
+        self.sites = list(sites)
+        self.site_runs: dict[str, str] = {}
+        if parent_run_id is not None:
+            self.parent_id = parent_run_id
+            self._find_children()
+        else:
+            run_tags = {"mlflow.runName": run_name, "code_version": _code_version(),
+                        "sites": ",".join(self.sites), "kind": "federation", **(tags or {})}
+            parent = self.client.create_run(self.experiment_id, tags=run_tags,
+                                            run_name=run_name)
+            self.parent_id = parent.info.run_id
+            self.client.log_batch(
+                self.parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()]
+            )
+        for site in self.sites:
+            if site not in self.site_runs:
+                self.add_site(site)
+
+    def _experiment(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        location = default_artifact_root() if self.tracking_uri.startswith("sqlite:") else None
+        return self.client.create_experiment(name, artifact_location=location)
+
+    def _find_children(self) -> None:
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'"
+        )
+        for run in runs:
+            site = run.data.tags.get("site")
+            if site:
+                self.site_runs[site] = run.info.run_id
+
+    def add_site(self, site: str, *, first_round: int = 1) -> str:
+        """Create the child run of a site (also for a site that joins later)."""
+        run = self.client.create_run(
+            self.experiment_id, run_name=f"site-{site}",
+            tags={"mlflow.parentRunId": self.parent_id, "site": site,
+                  "first_round": str(first_round), "kind": "site"},
+        )
+        self.site_runs[site] = run.info.run_id
+        if site not in self.sites:
+            self.sites.append(site)
+        return run.info.run_id
+
+    def log_round(self, rnd: int, site_metrics: Mapping[str, Mapping[str, float]]) -> None:
+        """Log each site's metrics at ``step = rnd`` and which sites took part."""
+        ts = int(time.time() * 1000)
+        for site, metrics in site_metrics.items():
+            run_id = self.site_runs.get(site) or self.add_site(site, first_round=rnd)
+            self.client.log_batch(run_id, metrics=_finite_metrics(metrics, rnd, ts))
+        self.client.log_batch(
+            self.parent_id,
+            metrics=[Metric("sites_participating", float(len(site_metrics)), ts, rnd)]
+            + _finite_metrics(_mean_metrics(site_metrics), rnd, ts),
+        )
+        self.client.set_tag(self.parent_id, f"round_{rnd:04d}_sites",
+                            ",".join(sorted(site_metrics)))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Store a text artifact (a results table) on the parent run."""
+        self.client.log_text(self.parent_id, text, artifact_file)
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Store a file (a plot) on the parent run."""
+        self.client.log_artifact(self.parent_id, str(path), artifact_path)
+
+    def log_shared_weights(self, weights: Mapping[str, torch.Tensor],
+                           private_keys: Iterable[str] = ()) -> None:
+        """Store the final global weights as safetensors; refuses any site-private key."""
+        leaked = set(weights) & set(private_keys)
+        if leaked:
+            raise ValueError(f"Refusing to log site-private tensors: {sorted(leaked)[:5]}.")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "shared_weights.safetensors"
+            save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(path))
+            self.client.log_artifact(self.parent_id, str(path), "model")
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """Close the parent and child runs."""
+        for run_id in self.site_runs.values():
+            self.client.set_terminated(run_id, status)
+        self.client.set_terminated(self.parent_id, status)
+
+
+def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    keys = ("test_accuracy", "test_auc", "train_loss")
+    out = {}
+    for key in keys:
+        vals = [float(m[key]) for m in site_metrics.values()
+                if key in m and not math.isnan(float(m[key]))]
+        if vals:
+            out[f"mean_{key}"] = sum(vals) / len(vals)
+    return out
+
+
+# Keep mlflow quiet about its own housekeeping.
+logging.getLogger("mlflow").setLevel(logging.WARNING)
+_ = mlflow  # imported so that a missing install fails at import time, not mid-run

@@ -1,0 +1,35 @@
+"""Shared fixtures: one small built-in ABIDE-format cohort per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedbn_med.data.cohort import DEFAULT_SITE_IDS, generate_cohort
+
+SMALL_COHORT_SCALE = 0.5
+SMALL_COHORT_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a data directory holding a small generated ABIDE cohort (read-only use).
+
+    The directory contains ``ABIDE_pcp/`` in the PCP layout (phenotypic CSV and
+    ``cpac/filt_noglobal/*_rois_ho.1D``) for the four FedBN sites ``NYU, UM_1, USM,
+    UCLA_1`` at half the real size (``n_subjects_scale=0.5``, seed 0, ``site_effect=1``):
+    about 190 subjects pass quality control, a few per site have the all-zero ROI 3455,
+    and some rows are ``no_filename`` or fail QC, as in the real table. Pass it as
+    ``data_dir`` to the loaders, e.g. ``load_abide(small_cohort)``; the feature cache
+    lands in ``<small_cohort>/cache`` and is shared by the whole session. Do not modify
+    its files: copy what a test needs to corrupt into ``tmp_path``.
+    """
+    root = tmp_path_factory.mktemp("small_cohort")
+    return generate_cohort(
+        root,
+        sites=DEFAULT_SITE_IDS,
+        seed=SMALL_COHORT_SEED,
+        site_effect=1.0,
+        n_subjects_scale=SMALL_COHORT_SCALE,
+    )
