@@ -23,6 +23,7 @@ from fedbn_med.driver import History, run_in_process
 from fedbn_med.model import AbideMLP
 from fedbn_med.sites import SiteConfig, load_sites
 from fedbn_med.strategies import Strategy, get_strategy
+from fedbn_med.tasks import Task, register_task
 from fedbn_med.trainer import SiteData, SiteTrainer
 
 __all__ = [
@@ -170,3 +171,17 @@ def run_experiment(
         )
     return run_in_process(trainers, config.strategy_obj(), config.rounds, pooled=pooled,
                           on_round=on_round)
+
+
+def _abide_site(name: str, config: ExperimentConfig, data_dir: Path | None, device: str
+                ) -> SiteTrainer:
+    site = load_sites([name])[name]
+    config = config.replace(data_dir=data_dir) if data_dir is not None else config
+    return build_trainer(site, config, device=device if device != "auto" else site.device)
+
+
+ABIDE_TASK = register_task(Task(
+    name="abide", experiment="abide-fedbn", build_site=_abide_site,
+    build_server_model=lambda config, shape: build_model(int(shape[0]), config),
+    default_input_shape=(6105,),
+))

@@ -67,6 +67,11 @@ class SiteData:
     test: tuple[torch.Tensor, torch.Tensor]
 
     @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Return the shape of one example."""
+        return tuple(int(d) for d in self.train[0].shape[1:])
+
+    @property
     def num_features(self) -> int:
         """Return the feature dimension."""
         return int(self.train[0].shape[1])
@@ -134,6 +139,11 @@ class SiteTrainer(ClientAlgo):
         self.exchanged = strategy.exchanged_keys(self.partition)
         self.rounds_trained = 0
         self._check_data()
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Return the shape of one example of this site's data."""
+        return self.data.input_shape
 
     # -- state ---------------------------------------------------------------------------
     def _check_data(self) -> None:

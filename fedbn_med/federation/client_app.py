@@ -18,11 +18,10 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
-from fedbn_med.experiment import build_trainer
 from fedbn_med.federation.config import NodeSettings, experiment_from_run_config
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import select
-from fedbn_med.sites import load_site
+from fedbn_med.tasks import get_task
 from fedbn_med.trainer import SiteTrainer
 
 __all__ = ["app", "SiteRuntime"]
@@ -74,10 +73,9 @@ def runtime(context: Context) -> SiteRuntime:
     federation_id = str(context.run_config.get("federation-id", context.run_id))
     key = (context.run_id, node.site)
     if key not in _RUNTIMES:
-        config = experiment_from_run_config(context.run_config).replace(data_dir=node.data_dir)
-        site_cfg = load_site(node.site)
-        trainer = build_trainer(site_cfg, config, device=node.device if node.device != "auto"
-                                else site_cfg.device)
+        config = experiment_from_run_config(context.run_config)
+        task = get_task(str(context.run_config.get("task", "abide")))
+        trainer = task.build_site(node.site, config, node.data_dir, node.device)
         state_path = node.state_dir / federation_id / f"{node.site}.safetensors"
         rt = SiteRuntime(trainer=trainer, state_path=state_path)
         rt.restore()
@@ -98,7 +96,7 @@ def query(msg: Message, context: Context) -> Message:
     rt = runtime(context)
     info = ConfigRecord({
         "site": rt.trainer.site,
-        "num-features": rt.trainer.data.num_features,
+        "input-shape": [int(d) for d in rt.trainer.input_shape],
         "num-train": rt.trainer.data.num_train,
         "resumed-round": rt.trainer.rounds_trained,
         "device": str(rt.trainer.device),

@@ -63,7 +63,8 @@ class ServerSettings:
     min_sites: int
     wait_timeout: float
     round_timeout: float
-    in_features: int
+    task: str
+    input_shape: tuple[int, ...]
     workdir: Path
     tracking_uri: str
     experiment: str
@@ -81,10 +82,12 @@ class ServerSettings:
             min_sites=min_sites if min_sites > 0 else n_sites,
             wait_timeout=float(_get(cfg, "wait-timeout", 120.0)),  # type: ignore[arg-type]
             round_timeout=float(_get(cfg, "round-timeout", 600.0)),  # type: ignore[arg-type]
-            in_features=int(_get(cfg, "in-features", 6105)),  # type: ignore[arg-type]
+            task=str(_get(cfg, "task", "abide")),
+            input_shape=tuple(int(d) for d in str(_get(cfg, "input-shape", "")).split(",")
+                              if d.strip()),
             workdir=Path(workdir),
             tracking_uri=str(_get(cfg, "tracking-uri", "")),
-            experiment=str(_get(cfg, "experiment", "abide-fedbn")),
+            experiment=str(_get(cfg, "experiment", "")),
             resume=bool(_get(cfg, "resume", False)),
         )
 

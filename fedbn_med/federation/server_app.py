@@ -24,12 +24,13 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
-from fedbn_med.experiment import ExperimentConfig, build_model
+from fedbn_med.experiment import ExperimentConfig
 from fedbn_med.federation.config import ServerSettings, experiment_from_run_config
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import partition_model
 from fedbn_med.report import convergence_plot, site_table
 from fedbn_med.strategies import weighted_average
+from fedbn_med.tasks import get_task
 from fedbn_med.tracking import FederationTracker
 
 __all__ = ["app", "FederationServer", "FastGrid", "validate_update"]
@@ -116,7 +117,9 @@ class FederationServer:
                 f"Strategy '{self.strategy.name}' pools every site's data in one place; it is "
                 "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
-        model = build_model(settings.in_features, config)
+        self.task = get_task(settings.task)
+        self.input_shape = settings.input_shape or self.task.default_input_shape
+        model = self.task.build_server_model(config, self.input_shape)
         self.partition = partition_model(model)
         self.exchanged = self.strategy.exchanged_keys(self.partition)
         state = model.state_dict()
@@ -172,14 +175,16 @@ class FederationServer:
                 self._event(event="site-error", node=node, reason=reply.error.reason)
                 continue
             info = reply.content.config_records["info"]
-            site, dim = str(info["site"]), int(info["num-features"])
+            site = str(info["site"])
+            shape = tuple(int(d) for d in info["input-shape"])
             if site not in self.config.sites:
                 logger.error("Node %s is site '%s', which is not in this federation (%s); "
                              "ignored.", node, site, ", ".join(self.config.sites))
                 continue
-            if dim != self.settings.in_features:
-                reason = (f"Site '{site}' has data of shape (N, {dim}) but the federation's "
-                          f"model takes (N, {self.settings.in_features}); the site is refused.")
+            if shape != tuple(self.input_shape):
+                reason = (f"Site '{site}' has data of shape (N, {', '.join(map(str, shape))}) "
+                          "but the federation's model takes "
+                          f"(N, {', '.join(map(str, self.input_shape))}); the site is refused.")
                 logger.error(reason)
                 self._event(event="site-refused", site=site, reason=reason)
                 continue
@@ -219,7 +224,7 @@ class FederationServer:
         parent_id = self.resume() if self.settings.resume else None
         self.discover()
         self.tracker = FederationTracker(
-            self.settings.experiment, self.strategy.label,
+            self.settings.experiment or self.task.experiment, self.strategy.label,
             {**self.config.params(), "min_sites": self.settings.min_sites,
              "federation_id": self.settings.federation_id, "engine": "flower"},
             sorted(set(self.sites.values())),
