@@ -89,6 +89,7 @@ class LocalFederation:
         self.tls = tls
         self.node_auth = node_auth
         self.processes: dict[str, subprocess.Popen] = {}
+        self._runs = 0
         self.flwr_home = self.workdir / "flwr_home"
         self.flwr_home.mkdir(exist_ok=True)
         self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home),
@@ -204,18 +205,25 @@ class LocalFederation:
             time.sleep(0.1)
         return time.monotonic() - start
 
-    def submit(self, run_config: Mapping[str, object]) -> subprocess.Popen:
+    def submit(self, run_config: Mapping[str, object], results_dir: Path | None = None
+               ) -> subprocess.Popen:
         """Submit a run (``flwr run --stream``) with the given run-config overrides."""
-        overrides = self.workdir / "run_config.toml"
+        results_dir = Path(results_dir or self.workdir)
+        results_dir.mkdir(parents=True, exist_ok=True)
+        overrides = results_dir / "run_config.toml"
         overrides.write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in run_config.items()))
         cmd = [_tool("flwr"), "run", str(APP_DIR), "fedbn", "--stream",
                "--run-config", str(overrides)]
-        return self._spawn("run", cmd)
+        self._runs += 1
+        proc = self._spawn(f"run-{self._runs}", cmd)
+        proc.log_name = f"run-{self._runs}"  # type: ignore[attr-defined]
+        return proc
 
     def watch(self, run: subprocess.Popen, on_event: Callable[[dict], None] | None = None,
-              timeout: float = 3600.0) -> dict:
+              timeout: float = 3600.0, results_dir: Path | None = None) -> dict:
         """Follow the run's progress events until it ends; return its results."""
-        progress = self.workdir / "progress.jsonl"
+        results_dir = Path(results_dir or self.workdir)
+        progress = results_dir / "progress.jsonl"
         seen = 0
         deadline = time.monotonic() + timeout
         while True:
@@ -235,8 +243,8 @@ class LocalFederation:
                     raise FederationError("The SuperLink stopped during the run:\n"
                                           + self.log_tail("superlink"))
             time.sleep(0.1)
-        results = self.workdir / "results.json"
-        log = self.log_tail("run", 400)
+        results = results_dir / "results.json"
+        log = self.log_tail(getattr(run, "log_name", "run"), 400)
         if "Exit Code:" in log or not results.exists():
             reason = [ln for ln in log.splitlines() if "Error" in ln or "error" in ln][-8:]
             raise FederationError("The federated run failed on the server:\n"
@@ -247,6 +255,8 @@ class LocalFederation:
         """Stop one process and every process it started."""
         proc = self.processes.pop(name, None)
         if proc is None:
+            return
+        if proc.poll() is not None:  # gone already: its PID may belong to another process now
             return
         _terminate_tree(proc.pid, sig, grace)
         try:
@@ -273,13 +283,16 @@ def _terminate_tree(pid: int, sig: int, grace: float) -> None:
         family = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return
-    # The SuperLink starts its executor in a session of its own: find those by session.
+    # Processes we start lead sessions of their own; anything left in that session (the
+    # SuperLink's executor and ServerApp) belongs to them. Never sweep our own session.
     try:
         sid = os.getsid(pid)
-        family += [p for p in psutil.process_iter() if p.pid != pid and _sid(p.pid) == sid
-                   and p not in family]
+        if sid == pid and sid != os.getsid(0):
+            family += [p for p in psutil.process_iter() if p.pid != pid
+                       and _sid(p.pid) == sid and p not in family]
     except OSError:
         pass
+    family = [p for p in family if p.pid != os.getpid()]
     for proc in family:
         try:
             proc.send_signal(sig)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,11 +36,26 @@ from flwr.supercore.inflatable.inflatable_utils import (
     push_object_contents_from_iterable,
 )
 from flwr.supercore.run import RunNotRunningException
+from flwr.supernode import fleet_http_connection
 from flwr.supernode.fleet_http_connection import http_request_response
 
 __all__ = ["run_node", "main"]
 
 logger = logging.getLogger("fedbn_med.node")
+
+
+class _ConnectFailed(ConnectionError):
+    pass
+
+
+def _raise_instead_of_exit(code: object, message: str | None = None, *_: object,
+                           **__: object) -> None:
+    # flwr ends the whole process (os._exit from a timer thread) when a SuperNode cannot
+    # connect; a site process, or a test calling run_site, should get an error instead.
+    raise _ConnectFailed(message or str(code))
+
+
+fleet_http_connection.flwr_exit = _raise_instead_of_exit  # type: ignore[assignment]
 
 
 def _load_auth_keys(private_key: Path | None):  # noqa: ANN202
@@ -93,7 +110,7 @@ def run_node(
             authentication_keys=_load_auth_keys(private_key), max_wait_time=max_wait_time,
         )
         conn = connection.__enter__()
-    except Exception as err:  # the retry invoker raises whatever the last try raised
+    except (Exception, SystemExit) as err:  # flwr exits the process when it gives up
         raise ConnectionError(
             f"Site '{node_config.get('site')}' could not reach the federation server at "
             f"{superlink} within {max_wait_time} s: {err}"
@@ -157,7 +174,12 @@ def run_node(
             except RunNotRunningException:
                 contexts.pop(run_id, None)
     finally:
-        connection.__exit__(*sys.exc_info())
+        # Leave the federation politely, but never hang on a server that is gone.
+        watchdog = threading.Timer(5.0, os._exit, (0,))
+        watchdog.daemon = True
+        watchdog.start()
+        connection.__exit__(None, None, None)
+        watchdog.cancel()
 
 
 def parse_node_config(text: str) -> dict[str, object]:

@@ -136,7 +136,7 @@ class FederationServer:
     # -- set-up --------------------------------------------------------------------------
     def _event(self, **event: object) -> None:
         with open(self.workdir / "progress.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(event, default=float) + "\n")
+            handle.write(json.dumps({**event, "t": time.time()}, default=float) + "\n")
 
     def discover(self) -> None:
         """Wait (bounded) for the expected sites; ask each node which site it is."""
@@ -338,8 +338,9 @@ class FederationServer:
         if pending:
             self._complete(self.config.rounds, pending, evals)
         assert self.tracker is not None
-        final = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
-                 for r in self.rows if r["round"] == self.config.rounds}
+        last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
+                for r in self.rows if r["round"] == self.config.rounds}
+        final = {site: last[site] for site in self.config.sites if site in last}
         table = site_table(final)  # type: ignore[arg-type]
         results = {"strategy": self.strategy.label, "rounds": self.config.rounds,
                    "rows": self.rows, "final": final, "table": table,

@@ -1,0 +1,377 @@
+"""Shared plumbing of the benchmark scripts: arguments, runs, summaries, outputs, MLflow.
+
+Every script in ``benchmarks/`` parses the same options (:func:`make_parser`), runs its
+grid of federations with :func:`run` under a progress bar (:meth:`Benchmark.progress`)
+and hands one markdown table, its rows and a plot to :meth:`Benchmark.publish`, which
+writes ``table.md``, ``table.csv`` and ``plot.png`` into the output folder, logs them to
+MLflow as one parent run and prints the table and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from fedbn_med.driver import History, run_in_process
+from fedbn_med.experiment import (
+    ExperimentConfig,
+    build_trainer,
+    prepare_site_data,
+    run_experiment,
+)
+from fedbn_med.sites import SiteConfig, load_sites
+from fedbn_med.trainer import SiteData
+
+__all__ = [
+    "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
+    "Panel", "bar_plot", "curve", "float_list", "format_mean_std", "line_panels", "line_plot",
+    "make_parser",
+    "markdown_table", "mean_std", "prepare_all", "run", "site_mean", "strategy_config",
+]
+
+BENCHMARK_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCHMARK_DIR / "results"
+EXPERIMENT = "abide-benchmarks"
+N_FOLDS = 5
+FEDPROX_MU = 1e-2  # the paper's FedProx setting
+LABELS = {"singleset": "SingleSet", "fedavg": "FedAvg", "fedprox": "FedProx",
+          "fedbn": "FedBN", "centralized": "Centralized"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Size of one benchmark mode: communication rounds and number of folds (runs)."""
+
+    rounds: int
+    folds: int
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    """Parse a comma-separated list of numbers (an argparse ``type``)."""
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers such as 0,0.5,1, got {text!r}") from None
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected finite numbers, got {text!r}")
+    return values
+
+
+def make_parser(name: str, description: str, *, full: Budget, quick: Budget
+                ) -> argparse.ArgumentParser:
+    """Return the argument parser every benchmark shares; scripts add their own options."""
+    parser = argparse.ArgumentParser(prog=f"benchmarks/{name}.py", description=description)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI-sized run: {quick.rounds} rounds, {quick.folds} fold(s) and "
+                             "a subset of the grid")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder holding ABIDE_pcp/ (real ABIDE); default: the built-in "
+                             "cohort ($FEDBN_MED_DATA or ~/fedbn_med_data)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: benchmarks/results/{name}/)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow store (default: $MLFLOW_TRACKING_URI, else the "
+                             "repository's mlflow/mlflow.db)")
+    parser.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
+    parser.add_argument("--rounds", type=_positive_int, default=None,
+                        help=f"communication rounds (default {full.rounds}; "
+                             f"{quick.rounds} with --quick)")
+    parser.add_argument("--folds", type=_positive_int, default=None,
+                        help=f"runs = test folds 0..N-1 of {N_FOLDS} (default {full.folds}; "
+                             f"{quick.folds} with --quick)")
+    parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
+    parser.set_defaults(benchmark=name, budget_full=full, budget_quick=quick)
+    return parser
+
+
+class Benchmark:
+    """One invocation of a benchmark script: its settings, timer, outputs and MLflow run.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        Built by :func:`make_parser` (plus the script's own options).
+    argv : sequence of str, optional
+        Command-line arguments; None reads ``sys.argv``.
+    """
+
+    def __init__(self, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
+        self.started = time.perf_counter()
+        args = parser.parse_args(argv)
+        budget: Budget = args.budget_quick if args.quick else args.budget_full
+        args.rounds = args.rounds or budget.rounds
+        args.folds = args.folds or budget.folds
+        if args.folds > N_FOLDS:
+            parser.error(f"--folds must be at most {N_FOLDS} (the folds of the split), "
+                         f"got {args.folds}")
+        if args.data_dir is not None:
+            args.data_dir = args.data_dir.expanduser().resolve()
+            if not (args.data_dir / "ABIDE_pcp").is_dir():
+                parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed "
+                             f"layout); {args.data_dir} does not")
+        self.parser = parser
+        self.args = args
+        self.name: str = args.benchmark
+        self.out: Path = (args.out or RESULTS_DIR / self.name).expanduser().resolve()
+        self.runs = 0
+
+    @property
+    def folds(self) -> range:
+        """Return the test folds this invocation runs (one run each)."""
+        return range(self.args.folds)
+
+    def config(self, **changes: Any) -> ExperimentConfig:
+        """Return the run configuration from the options, with ``changes`` applied."""
+        base = ExperimentConfig(rounds=self.args.rounds, seed=self.args.seed,
+                                n_folds=N_FOLDS, data_dir=self.args.data_dir,
+                                device=self.args.device)
+        return base.replace(**changes)
+
+    def progress(self, grid: Sequence[Any], desc: str | None = None) -> Iterable[Any]:
+        """Iterate over the grid under a tqdm progress bar (on stderr)."""
+        self.runs += len(grid)
+        return tqdm(grid, desc=desc or self.name, unit="run", dynamic_ncols=True)
+
+    @property
+    def wall_time(self) -> float:
+        """Return the seconds since the benchmark started."""
+        return time.perf_counter() - self.started
+
+    def params(self) -> dict[str, object]:
+        """Return the loggable settings of this invocation."""
+        skip = {"budget_full", "budget_quick", "out", "tracking_uri"}
+        return {k: (",".join(map(str, v)) if isinstance(v, tuple) else v)
+                for k, v in vars(self.args).items() if k not in skip}
+
+    def publish(self, table: str, rows: Sequence[Mapping[str, object]],
+                plot: Callable[[Path], Path], notes: str = "") -> Path:
+        """Write, log and print the results; return the output folder.
+
+        Parameters
+        ----------
+        table : str
+            Markdown table (printed and written to ``table.md``).
+        rows : sequence of mapping
+            Machine-readable results, one dict per row (``table.csv``).
+        plot : callable
+            Draws the figure into the path it is given (``plot.png``).
+        notes : str
+            Text appended under the table in ``table.md`` (the settings that matter).
+        """
+        self.out.mkdir(parents=True, exist_ok=True)
+        wall = self.wall_time
+        mode = "quick" if self.args.quick else "full"
+        footer = (f"\n\n{notes}\n" if notes else "\n") + (
+            f"\n_{self.name} ({mode}): {self.runs} runs, {self.args.rounds} rounds, "
+            f"{self.args.folds} fold(s), seed {self.args.seed}, wall time {wall:.1f} s._\n")
+        (self.out / "table.md").write_text(table + footer, encoding="utf-8")
+        (self.out / "table.csv").write_text(_csv_text(rows), encoding="utf-8")
+        png = plot(self.out / "plot.png")
+        summary = {"benchmark": self.name, "mode": mode, "runs": self.runs,
+                   "wall_time_s": round(wall, 2), "params": self.params()}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str),
+                                               encoding="utf-8")
+        self._log(table + footer, png, summary)
+        print(table)
+        if notes:
+            print(f"\n{notes}")
+        print(f"\n{self.name}: {self.runs} runs in {wall:.1f} s wall time; "
+              f"results in {self.out}")
+        return self.out
+
+    def _log(self, table: str, png: Path, summary: Mapping[str, object]) -> None:
+        # Imported here so that --help and argument errors do not pay for MLflow.
+        from fedbn_med.tracking import FederationTracker
+
+        tracker = FederationTracker(
+            EXPERIMENT, self.name, self.params(), sites=(),
+            tracking_uri=self.args.tracking_uri,
+            tags={"kind": "benchmark", "benchmark": self.name,
+                  "mode": "quick" if self.args.quick else "full"},
+        )
+        try:
+            tracker.log_text(table, "table.md")
+            tracker.log_file(self.out / "table.csv")
+            tracker.log_file(png)
+            tracker.log_text(json.dumps(summary, indent=2, default=str), "summary.json")
+        except Exception:
+            tracker.finish("FAILED")
+            raise
+        tracker.finish()
+
+
+def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> ExperimentConfig:
+    """Return the run configuration of a strategy (FedProx gets the paper's mu)."""
+    mu = FEDPROX_MU if strategy == "fedprox" else None
+    return bench.config(strategy=strategy, mu=mu, **changes)
+
+
+def run(config: ExperimentConfig, datas: Mapping[str, SiteData] | None = None,
+        sites: Mapping[str, SiteConfig] | None = None) -> History:
+    """Run one federation in this process, on given (e.g. subsampled) site data if any.
+
+    Parameters
+    ----------
+    config : ExperimentConfig
+        The run's settings.
+    datas : mapping of site name to SiteData, optional
+        Replaces each site's prepared splits; built from ``config`` when omitted.
+    sites : mapping of site name to SiteConfig, optional
+        Loaded from ``sites/`` when omitted.
+    """
+    if datas is None:
+        return run_experiment(config, site_configs=sites)
+    sites = sites or load_sites(list(config.sites))
+    trainers = {name: build_trainer(sites[name], config, datas[name]) for name in sites}
+    return run_in_process(trainers, config.strategy_obj(), config.rounds)
+
+
+def prepare_all(config: ExperimentConfig, sites: Mapping[str, SiteConfig] | None = None
+                ) -> dict[str, SiteData]:
+    """Return every site's splits for the configuration's fold."""
+    sites = sites or load_sites(list(config.sites))
+    return {name: prepare_site_data(cfg, config) for name, cfg in sites.items()}
+
+
+# -- summaries ------------------------------------------------------------------------------
+def site_mean(history: History, metric: str = "test_accuracy", rnd: int | None = None
+              ) -> float:
+    """Return the mean over sites of a metric at a round (default: the last)."""
+    rnd = history.rounds if rnd is None else rnd
+    vals = [float(r[metric]) for r in history.rows
+            if int(r["round"]) == rnd and metric in r and not math.isnan(float(r[metric]))]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def curve(history: History, metric: str = "test_accuracy") -> np.ndarray:
+    """Return the mean over sites of a metric at each round 1..R."""
+    return np.array([site_mean(history, metric, rnd) for rnd in range(1, history.rounds + 1)])
+
+
+def mean_std(values: Iterable[float]) -> tuple[float, float]:
+    """Return the mean and (population) standard deviation of the finite values."""
+    arr = np.array([v for v in values if not math.isnan(v)], dtype=float)
+    if arr.size == 0:
+        return math.nan, math.nan
+    return float(arr.mean()), float(arr.std())
+
+
+def format_mean_std(values: Iterable[float], *, pct: bool = True, signed: bool = False) -> str:
+    """Format values as ``mean (std)``, in % by default, as the paper's table does."""
+    mean, std = mean_std(values)
+    if math.isnan(mean):
+        return "n/a"
+    sign = "+" if signed else ""
+    if pct:
+        return f"{100 * mean:{sign}.1f} ({100 * std:.1f})"
+    return f"{mean:{sign}.3f} ({std:.3f})"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Return a markdown table."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _csv_text(rows: Sequence[Mapping[str, object]]) -> str:
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+# -- plots ----------------------------------------------------------------------------------
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+Series = Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None]]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One axes of a line figure: ``{label: (x, y, yerr or None)}`` and its labels."""
+
+    series: Series
+    xlabel: str
+    ylabel: str
+    xlog: bool = False
+    hline: float | None = None
+
+
+def line_panels(path: Path, panels: Sequence[Panel], *, title: str) -> Path:
+    """Draw panels side by side as lines with error bars and save a PNG."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for label, (xs, ys, err) in panel.series.items():
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, label=label)
+        if panel.hline is not None:
+            ax.axhline(panel.hline, color="grey", lw=0.8, ls="--")
+        if panel.xlog:
+            ax.set_xscale("log")
+        ax.set(xlabel=panel.xlabel, ylabel=panel.ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def line_plot(path: Path, series: Series, *, xlabel: str, ylabel: str, title: str,
+              xlog: bool = False, hline: float | None = None) -> Path:
+    """Plot ``{label: (x, y, yerr or None)}`` as lines with error bars and save a PNG."""
+    return line_panels(path, [Panel(series, xlabel, ylabel, xlog, hline)], title=title)
+
+
+def bar_plot(path: Path, groups: Sequence[str],
+             series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+             *, ylabel: str, title: str) -> Path:
+    """Plot ``{label: (means, stds)}`` as grouped bars, one group per entry of ``groups``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(groups))
+    for i, (label, (means, stds)) in enumerate(series.items()):
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, means, width, yerr=stds, capsize=2,
+               label=label)
+    ax.set_xticks(x, groups)
+    ax.set(ylabel=ylabel, title=title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small", ncol=min(len(series), 5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

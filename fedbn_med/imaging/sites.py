@@ -1,0 +1,89 @@
+"""Imaging site configuration: one TOML file per site in ``sites/<task>/``, validated once."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedbn_med.sites import sites_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["ImagingSite", "available_imaging_sites", "load_imaging_site"]
+
+_KEYS = {"name", "institution", "datalist", "split_seed", "device"}
+
+
+@dataclass(frozen=True)
+class ImagingSite:
+    """A validated imaging site.
+
+    Attributes
+    ----------
+    name : str
+        Site name used across the federation (``"SiteA"``).
+    datalist : pathlib.Path or None
+        The site's MONAI-style JSON datalist; None means the built-in synthetic site.
+    split_seed : int
+        Seed of the split when the datalist has no validation/test lists.
+    device : str
+        ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
+    """
+
+    name: str
+    datalist: Path | None = None
+    split_seed: int = 0
+    device: str = "auto"
+    institution: str = ""
+    source: Path | None = None
+
+
+def _folder(task: str, directory: Path | None) -> Path:
+    return directory if directory is not None else sites_dir() / task
+
+
+def available_imaging_sites(task: str, directory: Path | None = None) -> list[str]:
+    """Return the configured site names of a task (``sites/<task>/*.toml``), sorted."""
+    return sorted(p.stem for p in _folder(task, directory).glob("*.toml"))
+
+
+def load_imaging_site(task: str, name: str, directory: Path | None = None) -> ImagingSite:
+    """Load and validate ``sites/<task>/<name>.toml``; an unknown name lists the valid ones."""
+    folder = _folder(task, directory)
+    path = folder / f"{name}.toml"
+    if not path.is_file():
+        valid = available_imaging_sites(task, directory)
+        raise ValueError(f"Unknown {task} site '{name}'. Valid sites: "
+                         f"{', '.join(valid) or '(none)'} (one TOML file per site in {folder}).")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ValueError(f"Site file {path} has unknown keys {sorted(unknown)}. "
+                         f"Valid keys: {sorted(_KEYS)}.")
+    datalist = raw.get("datalist", "")
+    if not isinstance(datalist, str):
+        raise TypeError(f"Site file {path}: 'datalist' must be a string path, got {datalist!r}.")
+    resolved = None
+    if datalist:
+        resolved = Path(datalist).expanduser()
+        if not resolved.is_absolute():
+            resolved = (path.parent / resolved).resolve()
+    seed = raw.get("split_seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"Site file {path}: 'split_seed' must be a non-negative integer, "
+                         f"got {seed!r}.")
+    device = raw.get("device", "auto")
+    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda")
+                                           or device.startswith("cuda:")):
+        raise ValueError(f"Site file {path}: 'device' must be 'auto', 'cpu', 'cuda' or "
+                         f"'cuda:N', got {device!r}.")
+    return ImagingSite(name=str(raw.get("name", name)), datalist=resolved, split_seed=seed,
+                       device=device, institution=str(raw.get("institution", "")),
+                       source=path)

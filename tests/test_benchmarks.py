@@ -1,0 +1,174 @@
+"""The benchmark scripts in ``benchmarks/``: each ``--quick`` run end to end, and their errors.
+
+Every script runs in this process through its ``main(argv)`` with ``--out tmp_path``, a
+real MLflow sqlite store in ``tmp_path`` and ``$FEDBN_MED_DATA`` pointing at one folder
+per session, so the built-in cohort is generated once (once more at site effect 0 for
+the heterogeneity benchmark).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from fedbn_med.trainer import SiteData
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+EXPERIMENT = "abide-benchmarks"
+SITES = ["NYU", "USM", "UM", "UCLA"]
+
+# script: (header cells that must appear, first cells of the body rows in order)
+EXPECTED = {
+    "paper_table": ([*SITES, "mean"],
+                    ["SingleSet", "FedAvg", "FedProx", "FedBN", "Centralized"]),
+    "convergence": (["FedBN loss", "FedAvg loss", "FedProx loss", "FedBN acc (%)",
+                     "FedAvg acc (%)", "FedProx acc (%)"], ["1", "2", "4"]),
+    "local_epochs": (["rounds", "FedBN (%)", "FedAvg (%)", "FedProx (%)",
+                      "FedBN - FedAvg (pp)"], ["1", "4"]),
+    "data_size": (["FedBN (%)", "SingleSet (%)", "FedBN - SingleSet (pp)"], ["100", "10"]),
+    "heterogeneity": (["FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp)"], ["0", "1"]),
+    "rounds_to_target": (["FedBN rounds", "FedAvg rounds", "FedAvg / FedBN"],
+                         ["55", "60", "65", "70"]),
+}
+
+
+@pytest.fixture(scope="session")
+def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the data folder shared by every benchmark test (the cohort lands there)."""
+    return tmp_path_factory.mktemp("bench_data")
+
+
+@pytest.fixture()
+def bench(monkeypatch: pytest.MonkeyPatch, bench_data: Path):
+    """Return a loader of benchmark modules, with the session's data folder in the env."""
+    monkeypatch.setenv("FEDBN_MED_DATA", str(bench_data))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+
+    def load(name: str) -> ModuleType:
+        return importlib.import_module(name)
+
+    return load
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> str:
+    """Return a fresh sqlite store whose benchmark experiment keeps artifacts in tmp_path."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment(
+        EXPERIMENT, artifact_location=(tmp_path / "artifacts").as_uri())
+    return uri
+
+
+def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    return cells[0], cells[2:]
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert bench(name).main(["--quick", "--out", str(out), "--tracking-uri", store]) == 0
+
+    header, body = _markdown_table((out / "table.md").read_text())
+    columns, first_cells = EXPECTED[name]
+    assert set(columns) <= set(header)
+    assert [row[0] for row in body] == first_cells
+    assert all(len(row) == len(header) for row in body)
+    with open(out / "table.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) > 0
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "| " + " | ".join(header) + " |" in printed
+    assert "s wall time" in printed
+
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1  # one parent run per invocation, no child runs
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["benchmark"] == name and run.data.tags["mode"] == "quick"
+    assert run.data.params["quick"] == "True"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"table.md", "table.csv", "plot.png"} <= artifacts
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [
+    ("paper_table", ["--folds", "7"], "--folds must be at most 5"),
+    ("paper_table", ["--rounds", "0"], "expected a positive integer, got 0"),
+    ("local_epochs", ["--epochs", "1,0"], "expected positive integers such as 1,4,8,16"),
+    ("local_epochs", ["--epochs", "1,16", "--rounds", "8"],
+     "every E in --epochs must be at most the epoch budget --rounds 8"),
+    ("data_size", ["--fractions", "1,0"], "expected fractions in (0, 1]"),
+    ("heterogeneity", ["--site-effects", "0,-1"], "expected non-negative site effects"),
+    ("rounds_to_target", ["--targets", "60"], "expected accuracies in (0, 1]"),
+    ("rounds_to_target", ["--window", "0"], "--window must be a positive integer, got 0"),
+])
+def test_bad_options_say_what_is_valid(name, argv, message, bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench(name).main([*argv, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_data_dir_must_hold_abide_pcp(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bench("paper_table").main(["--data-dir", str(tmp_path)])
+    assert f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); {tmp_path}" \
+        in capsys.readouterr().err
+
+
+def test_heterogeneity_refuses_real_data(bench, tmp_path, capsys):
+    (tmp_path / "ABIDE_pcp").mkdir()
+    with pytest.raises(SystemExit):
+        bench("heterogeneity").main(["--data-dir", str(tmp_path)])
+    assert "real ABIDE has one fixed site effect" in capsys.readouterr().err
+
+
+def _site_data(labels: list[int]) -> SiteData:
+    y = torch.tensor(labels)
+    x = torch.arange(len(labels), dtype=torch.float32)[:, None]
+    empty = (x[:0], y[:0])
+    return SiteData(train=(x, y), val=empty, test=empty)
+
+
+def test_subsample_is_stratified_and_keeps_two_examples(bench):
+    subsample = bench("data_size").subsample
+    data = _site_data([0] * 60 + [1] * 40)
+    assert subsample(data, 1.0, seed=0) is data
+    half = subsample(data, 0.5, seed=0)
+    assert half.num_train == 50 and int(half.train[1].sum()) == 20
+    tiny = subsample(data, 0.01, seed=0)
+    assert tiny.num_train == 2 and sorted(tiny.train[1].tolist()) == [0, 1]
+    rows = tiny.train[0][:, 0].long()  # the kept examples are the site's own
+    assert torch.equal(data.train[1][rows], tiny.train[1])
+    lone = subsample(_site_data([0] * 9 + [1]), 0.2, seed=0)  # one positive: no stratify
+    assert lone.num_train == 2
+
+
+def test_rounds_to_target_counts_first_smoothed_round(bench):
+    mod = bench("rounds_to_target")
+    values = np.array([0.5, 0.7, 0.5, 0.7, 0.7, 0.7])
+    assert mod.rounds_to(values, 0.7) == 2
+    smooth = mod.smoothed(values, 3)
+    assert np.allclose(smooth[:3], [0.5, 0.6, 0.5666666])
+    assert mod.rounds_to(smooth, 0.7) == 6
+    assert mod.rounds_to(smooth, 0.9) is None
+
+
+def test_script_runs_from_the_command_line():
+    done = subprocess.run([sys.executable, str(BENCH_DIR / "rounds_to_target.py"), "--help"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--tracking-uri" in done.stdout and "--quick" in done.stdout

@@ -1,0 +1,129 @@
+"""Integration tests: a real Flower SuperLink and one site process per site on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from fedbn_med.experiment import ExperimentConfig, run_experiment
+from fedbn_med.federation.config import run_config_from_experiment
+from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
+from fedbn_med.federation.run import run_site
+
+pytestmark = pytest.mark.integration
+
+SITES = ("NYU", "UM")
+
+
+@pytest.fixture(scope="module")
+def federation(small_cohort, tmp_path_factory):
+    """A SuperLink and two site processes, shared by the runs of this module."""
+    workdir = tmp_path_factory.mktemp("federation")
+    with LocalFederation(workdir) as fed:
+        fed.start_superlink()
+        for site in SITES:
+            fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1)
+        fed.wait_sites_ready(list(SITES), timeout=180)
+        yield fed
+    # every process the federation started is gone, children included
+    for proc in psutil.Process().children(recursive=True):
+        assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
+
+
+def _submit(fed, config, tmp_path, **extra):
+    rc = {**run_config_from_experiment(config), "workdir": str(tmp_path),
+          "tracking-uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "federation-id": tmp_path.name,
+          "wait-timeout": 60.0, **extra}
+    run = fed.submit(rc, results_dir=tmp_path)
+    events = []
+    return fed.watch(run, on_event=events.append, timeout=300, results_dir=tmp_path), events
+
+
+def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_cohort, tmp_path):
+    config = ExperimentConfig(strategy="fedbn", rounds=3, sites=SITES, data_dir=small_cohort,
+                              device="cpu")
+    result, events = _submit(federation, config, tmp_path)
+
+    torch.set_num_threads(1)
+    reference = run_experiment(config).final()
+    assert list(result["final"]) == list(SITES)
+    for site in SITES:
+        got, want = result["final"][site], reference[site]
+        for key in ("test_accuracy", "test_auc", "val_accuracy", "test_loss", "train_loss"):
+            assert got[key] == pytest.approx(want[key], abs=1e-4), (site, key)
+        assert got["num_examples"] == want["num_examples"]
+    # data loading and model set-up happened once per site, not once per round
+    assert all(r["setups"] == 1 for r in result["rows"])
+    assert [e["round"] for e in events if e["event"] == "round"] == [1, 2, 3]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("abide-fedbn")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("kind") == "federation"]
+    site_runs = {r.data.tags["site"]: r for r in runs if r.data.tags.get("kind") == "site"}
+    assert len(parent) == 1 and set(site_runs) == set(SITES)
+    assert parent[0].data.params["strategy"] == "fedbn"
+    for site, run in site_runs.items():
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "test_accuracy")]
+        assert steps == [1, 2, 3], site
+    artifacts = {a.path for a in client.list_artifacts(parent[0].info.run_id)}
+    assert {"results.md", "convergence.png", "model"} <= artifacts
+
+
+def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, tmp_path):
+    config = ExperimentConfig(strategy="fedbn", rounds=1, sites=SITES, data_dir=small_cohort)
+    with pytest.raises(FederationError, match=r"Missing sites: NYU, UM"):
+        _submit(federation, config, tmp_path, **{"input-shape": "5995", "wait-timeout": 5.0})
+    events = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    reasons = [e["reason"] for e in events if e["event"] == "site-refused"]
+    assert any("shape (N, 6105)" in r and "takes (N, 5995)" in r for r in reasons)
+
+
+def test_site_that_cannot_reach_the_server_fails_after_a_bounded_wait(tmp_path):
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=rf"could not reach the federation server at "
+                                              rf"127.0.0.1:{port} within 3"):
+        run_site("UCLA", f"127.0.0.1:{port}", state_dir=tmp_path, max_wait_time=3.0)
+    assert time.monotonic() - started < 60
+
+
+def test_remote_server_without_tls_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="must use TLS"):
+        run_site("UCLA", "fl.hospital.example:9092", state_dir=tmp_path)
+
+
+def test_hospital_mode_server_and_two_sites(small_cohort, tmp_path):
+    port = free_port()
+    script = [sys.executable, "pipelines/abide_fedbn.py"]
+    common = ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--quiet"]
+    server = subprocess.Popen(
+        [*script, "--serve", "--listen", f"127.0.0.1:{port}", "--sites", "NYU,UM",
+         "--rounds", "2", "--wait-timeout", "120", "--workdir", str(tmp_path / "server"),
+         *common], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sites = [subprocess.Popen(
+        [*script, "--site", name, "--superlink", f"127.0.0.1:{port}", "--data-dir",
+         str(small_cohort), "--state-dir", str(tmp_path / f"state-{name}"), "--device", "cpu",
+         "--wait-timeout", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for name in ("NYU", "UM")]
+    try:
+        out, _ = server.communicate(timeout=300)
+    finally:
+        for proc in sites:
+            proc.terminate()
+        for proc in sites:
+            proc.wait(timeout=30)
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 0, out
+    assert "| NYU |" in out and "| UM |" in out
+    # each hospital kept its private state on its own disk
+    for name in ("NYU", "UM"):
+        assert list((tmp_path / f"state-{name}").rglob(f"{name}.safetensors"))

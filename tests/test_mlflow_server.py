@@ -1,0 +1,102 @@
+"""The tracking store behind a real ``mlflow server`` on 127.0.0.1, read over its REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedbn_med.driver import run_in_process
+from fedbn_med.federation.launcher import free_port
+from fedbn_med.model import AbideMLP
+from fedbn_med.strategies import FedBN
+from fedbn_med.tracking import FederationTracker
+from fedbn_med.trainer import SiteData, SiteTrainer
+
+pytestmark = pytest.mark.integration
+
+
+def _post(base: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"{base}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _get(base: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{base}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture()
+def mlflow_server(tmp_path):
+    port = free_port()
+    mlflow_bin = Path(sys.executable).parent / "mlflow"
+    proc = subprocess.Popen(
+        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--default-artifact-root", str(tmp_path / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    try:
+        while True:
+            try:
+                _get(base, "/health")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("mlflow server did not start") from None
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.poll() is not None
+
+
+def _trainers():
+    out = {}
+    for i, site in enumerate(("A", "B")):
+        gen = torch.Generator().manual_seed(i)
+        y = torch.randint(0, 2, (40,), generator=gen)
+        x = torch.randn(40, 8, generator=gen) + 2.0 * i + y[:, None]
+        data = SiteData(train=(x[:24], y[:24]), val=(x[24:32], y[24:32]), test=(x[32:], y[32:]))
+        torch.manual_seed(0)
+        out[site] = SiteTrainer(site, AbideMLP(8), data, FedBN(), batch_size=8, device="cpu")
+    return out
+
+
+def test_runs_are_found_through_the_rest_api(mlflow_server):
+    tracker = FederationTracker("rest-check", "fedbn", {"rounds": 3}, ["A", "B"],
+                                tracking_uri=mlflow_server)
+    history = run_in_process(_trainers(), FedBN(), rounds=3, on_round=tracker.log_round)
+    tracker.log_shared_weights(history.global_weights)
+    tracker.finish()
+
+    exps = _post(mlflow_server, "/api/2.0/mlflow/experiments/search", {"max_results": 50})
+    exp_id = next(e["experiment_id"] for e in exps["experiments"] if e["name"] == "rest-check")
+    runs = _post(mlflow_server, "/api/2.0/mlflow/runs/search",
+                 {"experiment_ids": [exp_id]})["runs"]
+    tags = [{t["key"]: t["value"] for t in r["data"].get("tags", [])} for r in runs]
+    assert sum(t.get("kind") == "federation" for t in tags) == 1
+    site_runs = {t["site"]: r for t, r in zip(tags, runs) if t.get("kind") == "site"}
+    assert set(site_runs) == {"A", "B"}
+    for run in site_runs.values():
+        hist = _get(mlflow_server, "/api/2.0/mlflow/metrics/get-history?run_id="
+                    f"{run['info']['run_id']}&metric_key=test_accuracy")
+        assert sorted(int(m["step"]) for m in hist["metrics"]) == [1, 2, 3]
+        assert run["info"]["status"] == "FINISHED"
