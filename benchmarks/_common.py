@@ -5,6 +5,9 @@ grid of federations with :func:`run` under a progress bar (:meth:`Benchmark.prog
 and hands one markdown table, its rows and a plot to :meth:`Benchmark.publish`, which
 writes ``table.md``, ``table.csv`` and ``plot.png`` into the output folder, logs them to
 MLflow as one parent run and prints the table and the wall time.
+
+The library (torch, MLflow) is imported only when a benchmark runs, so that ``--help``
+and option errors answer at once.
 """
 
 from __future__ import annotations
@@ -18,20 +21,16 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
 
-from fedbn_med.driver import History, run_in_process
-from fedbn_med.experiment import (
-    ExperimentConfig,
-    build_trainer,
-    prepare_site_data,
-    run_experiment,
-)
-from fedbn_med.sites import SiteConfig, load_sites
-from fedbn_med.trainer import SiteData
+if TYPE_CHECKING:
+    from fedbn_med.driver import History
+    from fedbn_med.experiment import ExperimentConfig
+    from fedbn_med.sites import SiteConfig
+    from fedbn_med.trainer import SiteData
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
@@ -144,6 +143,8 @@ class Benchmark:
 
     def config(self, **changes: Any) -> ExperimentConfig:
         """Return the run configuration from the options, with ``changes`` applied."""
+        from fedbn_med.experiment import ExperimentConfig
+
         base = ExperimentConfig(rounds=self.args.rounds, seed=self.args.seed,
                                 n_folds=N_FOLDS, data_dir=self.args.data_dir,
                                 device=self.args.device)
@@ -184,7 +185,7 @@ class Benchmark:
         wall = self.wall_time
         mode = "quick" if self.args.quick else "full"
         footer = (f"\n\n{notes}\n" if notes else "\n") + (
-            f"\n_{self.name} ({mode}): {self.runs} runs, {self.args.rounds} rounds, "
+            f"\n_{self.name} ({mode}): {self.runs} runs, --rounds {self.args.rounds}, "
             f"{self.args.folds} fold(s), seed {self.args.seed}, wall time {wall:.1f} s._\n")
         (self.out / "table.md").write_text(table + footer, encoding="utf-8")
         (self.out / "table.csv").write_text(_csv_text(rows), encoding="utf-8")
@@ -241,6 +242,10 @@ def run(config: ExperimentConfig, datas: Mapping[str, SiteData] | None = None,
     sites : mapping of site name to SiteConfig, optional
         Loaded from ``sites/`` when omitted.
     """
+    from fedbn_med.driver import run_in_process
+    from fedbn_med.experiment import build_trainer, run_experiment
+    from fedbn_med.sites import load_sites
+
     if datas is None:
         return run_experiment(config, site_configs=sites)
     sites = sites or load_sites(list(config.sites))
@@ -251,6 +256,9 @@ def run(config: ExperimentConfig, datas: Mapping[str, SiteData] | None = None,
 def prepare_all(config: ExperimentConfig, sites: Mapping[str, SiteConfig] | None = None
                 ) -> dict[str, SiteData]:
     """Return every site's splits for the configuration's fold."""
+    from fedbn_med.experiment import prepare_site_data
+    from fedbn_med.sites import load_sites
+
     sites = sites or load_sites(list(config.sites))
     return {name: prepare_site_data(cfg, config) for name, cfg in sites.items()}
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from fedbn_med.experiment import ExperimentConfig, build_trainer, prepare_site_data
 from fedbn_med.driver import run_in_process
+from fedbn_med.experiment import ExperimentConfig, build_trainer, prepare_site_data
 from fedbn_med.federation.run import FlowerOptions, prepare_builtin, run_flower
 from fedbn_med.sites import load_sites
 

@@ -19,7 +19,7 @@ from pathlib import Path
 SIZES = {  # task: (realistic extra, quick extra)
     "mri": ({"image_size": "64", "subjects": "24", "slices": "8"},
             {"image_size": "16", "subjects": "6", "slices": "4"}),
-    "xray": ({"image_size": "64", "subjects": "60"}, {"image_size": "32", "subjects": "6"}),
+    "xray": ({"image_size": "64", "subjects": "48"}, {"image_size": "32", "subjects": "6"}),
 }
 SITE = {"mri": "SiteA", "xray": "HospitalA"}
 

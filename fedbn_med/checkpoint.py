@@ -18,7 +18,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-__all__ = ["save_tensors", "load_tensors", "state_hash", "write_text_atomic"]
+__all__ = ["load_tensors", "save_tensors", "state_hash", "write_text_atomic"]
 
 
 def _fsync_dir(directory: Path) -> None:

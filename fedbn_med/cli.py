@@ -89,12 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds to wait for sites before giving up")
     hosp.add_argument("--resume", action="store_true",
                       help="with --serve: continue from the last global checkpoint")
+    hosp.add_argument("--allow-join", action="store_true",
+                      help="with --serve: let new sites join the running federation")
     hosp.add_argument("--root-certificates", type=Path, default=None,
                       help="with --site: the consortium CA certificate (TLS)")
     hosp.add_argument("--auth-key", type=Path, default=None,
                       help="with --site: this site's private key (node authentication)")
     hosp.add_argument("--insecure", action="store_true",
-                      help="allow a connection without TLS to a server on another host")
+                      help="allow a connection without TLS to or from another host")
+    hosp.add_argument("--tls-dir", type=Path, default=None,
+                      help="with --serve: the folder made by pipelines/consortium_keys.py "
+                           "(TLS, and only the sites whose .pub is there may join)")
     return p
 
 
@@ -228,10 +233,29 @@ def _serve_mode(args: argparse.Namespace, tracking_uri: str, workdir: Path) -> i
     if not host or not port.isdigit():
         raise ValueError(f"--listen expects HOST:PORT such as 127.0.0.1:9092, got "
                          f"'{args.listen}'.")
+    tls = None
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if args.tls_dir is not None:
+        from fedbn_med.federation.launcher import TlsFiles
+
+        tls = TlsFiles(args.tls_dir / "ca.pem", args.tls_dir / "server.pem",
+                       args.tls_dir / "server.key")
+        missing = [str(p) for p in (tls.ca_cert, tls.server_cert, tls.server_key)
+                   if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"--tls-dir lacks {', '.join(missing)} (make them with "
+                                    "pipelines/consortium_keys.py).")
+    elif not loopback and not args.insecure:
+        raise ValueError(
+            f"The server would listen on {host}, beyond this host, without TLS. Pass "
+            "--tls-dir (see pipelines/consortium_keys.py), or --insecure on a network you "
+            "trust.")
     options = FlowerOptions(workdir=workdir, tracking_uri=tracking_uri, host=host,
-                            port=int(port), min_sites=args.min_sites,
+                            port=int(port), min_sites=args.min_sites, tls=tls,
+                            node_auth=tls is not None,
                             wait_timeout=args.wait_timeout, resume=args.resume,
-                            federation_id="serve", progress=not args.quiet)
+                            allow_join=args.allow_join, federation_id="serve",
+                            progress=not args.quiet)
     result = serve(_config(args), options)
     print(result["table"])
     return 0

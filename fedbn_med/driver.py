@@ -100,7 +100,7 @@ def run_in_process(
         round_metrics: dict[str, dict[str, float]] = {}
         if strategy.pooled:
             assert pooled is not None
-            global_weights, n_pooled, fit = pooled.train(global_weights, config)
+            global_weights, _, fit = pooled.train(global_weights, config)
             for site, trainer in trainers.items():
                 round_metrics[site] = {"num_examples": trainer.data.num_train,
                                        "train_loss": fit["train_loss"]}

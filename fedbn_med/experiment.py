@@ -28,10 +28,10 @@ from fedbn_med.trainer import SiteData, SiteTrainer
 
 __all__ = [
     "ExperimentConfig",
-    "resolve_site_data_dir",
-    "prepare_site_data",
     "build_model",
     "build_trainer",
+    "prepare_site_data",
+    "resolve_site_data_dir",
     "run_experiment",
 ]
 

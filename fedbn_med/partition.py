@@ -20,8 +20,8 @@ __all__ = [
     "NoPrivateKeysError",
     "Partition",
     "partition_model",
-    "site_private_keys",
     "select",
+    "site_private_keys",
 ]
 
 

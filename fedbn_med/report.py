@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["site_table", "paper_table", "paper_table_csv", "convergence_plot"]
+__all__ = ["convergence_plot", "paper_table", "paper_table_csv", "site_table"]
 
 
 def _fmt(value: float, pct: bool) -> str:

@@ -14,7 +14,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SiteConfig", "sites_dir", "available_sites", "load_site", "load_sites"]
+__all__ = ["SiteConfig", "available_sites", "load_site", "load_sites", "sites_dir"]
 
 _KEYS = {"name", "institution", "abide_site_ids", "data_dir", "split_seed", "device"}
 

@@ -22,13 +22,13 @@ from torch import nn
 from fedbn_med.partition import Partition
 
 __all__ = [
-    "Strategy",
-    "FedAvg",
-    "FedProx",
-    "FedBN",
-    "SingleSet",
-    "Centralized",
     "STRATEGIES",
+    "Centralized",
+    "FedAvg",
+    "FedBN",
+    "FedProx",
+    "SingleSet",
+    "Strategy",
     "get_strategy",
     "weighted_average",
 ]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from fedbn_med.experiment import ExperimentConfig
     from fedbn_med.trainer import SiteTrainer
 
-__all__ = ["Task", "register_task", "get_task", "TASK_NAMES"]
+__all__ = ["TASK_NAMES", "Task", "get_task", "register_task"]
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import mlflow
 import torch
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
+import mlflow
 from fedbn_med.paths import repo_root
 
-__all__ = ["default_tracking_uri", "default_artifact_root", "FederationTracker"]
+__all__ = ["FederationTracker", "default_tracking_uri"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,6 @@ def default_tracking_uri() -> str:
     store = _REPO / "mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
-
-
-def default_artifact_root() -> str:
-    """Return the artifact folder next to the default sqlite store."""
-    root = _REPO / "mlflow" / "artifacts"
-    root.mkdir(parents=True, exist_ok=True)
-    return root.as_uri()
 
 
 def _code_version() -> str:
@@ -104,6 +97,7 @@ class FederationTracker:
         self.experiment_id = self._experiment(experiment)
         self.sites = list(sites)
         self.site_runs: dict[str, str] = {}
+        self.dedupe_next = False
         if parent_run_id is not None:
             self.parent_id = parent_run_id
             self._find_children()
@@ -124,7 +118,13 @@ class FederationTracker:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
-        location = default_artifact_root() if self.tracking_uri.startswith("sqlite:") else None
+        location = None
+        if self.tracking_uri.startswith("sqlite:///"):
+            # Artifacts next to the database, never in the working directory.
+            db = Path(self.tracking_uri[len("sqlite:///"):])
+            root = db.parent / "artifacts"
+            root.mkdir(parents=True, exist_ok=True)
+            location = root.as_uri()
         return self.client.create_experiment(name, artifact_location=location)
 
     def _find_children(self) -> None:
@@ -151,9 +151,16 @@ class FederationTracker:
     def log_round(self, rnd: int, site_metrics: Mapping[str, Mapping[str, float]]) -> None:
         """Log each site's metrics at ``step = rnd`` and which sites took part."""
         ts = int(time.time() * 1000)
+        dedupe, self.dedupe_next = self.dedupe_next, False
         for site, metrics in site_metrics.items():
             run_id = self.site_runs.get(site) or self.add_site(site, first_round=rnd)
-            self.client.log_batch(run_id, metrics=_finite_metrics(metrics, rnd, ts))
+            batch = _finite_metrics(metrics, rnd, ts)
+            if dedupe:  # after a resume: never log a (metric, round) twice
+                logged = {m.key for m in batch for h in self.client.get_metric_history(
+                    run_id, m.key) if h.step == rnd}
+                batch = [m for m in batch if m.key not in logged]
+            if batch:
+                self.client.log_batch(run_id, metrics=batch)
         self.client.log_batch(
             self.parent_id,
             metrics=[Metric("sites_participating", float(len(site_metrics)), ts, rnd)]

@@ -13,7 +13,6 @@ import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from fedbn_med.metrics import classification_metrics
 from fedbn_med.partition import partition_model, select
 from fedbn_med.strategies import Strategy
 
-__all__ = ["SiteData", "SiteTrainer", "resolve_device", "derive_seed", "ShapeMismatchError"]
+__all__ = ["ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +263,7 @@ class SiteTrainer(ClientAlgo):
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
         x, y = self.data.train
         n = x.shape[0]
-        optimiser = torch.optim.SGD(self.model.parameters(), lr=self.lr)
+        params = [p for p in self.model.parameters() if p.requires_grad]
         loss_fn = nn.CrossEntropyLoss()
         self.model.train()
         losses: list[float] = []
@@ -276,19 +275,28 @@ class SiteTrainer(ClientAlgo):
                     continue
                 xb = x[idx].to(self.device, non_blocking=True)
                 yb = y[idx].to(self.device, non_blocking=True)
-                optimiser.zero_grad(set_to_none=True)
+                for p in params:
+                    p.grad = None
                 loss = loss_fn(self.model(xb), yb)
                 prox = self.strategy.proximal_term(self.model, anchor)
                 if prox is not None:
                     loss = loss + prox
                 loss.backward()
-                optimiser.step()
+                self._sgd_step(params)
                 losses.append(float(loss.detach()))
         self.rounds_trained = rnd
         train_loss = float(np.mean(losses)) if losses else math.nan
         if not math.isfinite(train_loss):
             logger.warning("Site %s: training loss is %s in round %d", self.site, train_loss, rnd)
         return self.shared_weights(), n, {"train_loss": train_loss}
+
+    @torch.no_grad()
+    def _sgd_step(self, params: list[torch.nn.Parameter]) -> None:
+        # Plain SGD, as in the paper; written out because the first torch.optim optimiser
+        # of a process imports torch._dynamo, which costs seconds at every site start.
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-self.lr)
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:

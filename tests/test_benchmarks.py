@@ -1,7 +1,7 @@
 """The benchmark scripts in ``benchmarks/``: each ``--quick`` run end to end, and their errors.
 
 Every script runs in this process through its ``main(argv)`` with ``--out tmp_path``, a
-real MLflow sqlite store in ``tmp_path`` and ``$FEDBN_MED_DATA`` pointing at one folder
+real MLflow sqlite store in a temporary folder and ``$FEDBN_MED_DATA`` pointing at one folder
 per session, so the built-in cohort is generated once (once more at site effect 0 for
 the heterogeneity benchmark).
 """
@@ -60,18 +60,27 @@ def bench(monkeypatch: pytest.MonkeyPatch, bench_data: Path):
     return load
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> str:
-    """Return a fresh sqlite store whose benchmark experiment keeps artifacts in tmp_path."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Return a sqlite store for the session; its experiment keeps artifacts beside it.
+
+    One store for all tests (each script logs one run, found by its tag): creating a
+    sqlite store runs MLflow's migrations, which takes seconds.
+    """
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
     MlflowClient(tracking_uri=uri).create_experiment(
-        EXPERIMENT, artifact_location=(tmp_path / "artifacts").as_uri())
+        EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
     return uri
 
 
 def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
-    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
-    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    """Return the header and body of the first markdown table in ``text``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")),
+               len(lines))
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[start:end]]
     return cells[0], cells[2:]
 
 
@@ -94,8 +103,10 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
 
     client = MlflowClient(tracking_uri=store)
     exp = client.get_experiment_by_name(EXPERIMENT)
-    runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 1  # one parent run per invocation, no child runs
+    runs = client.search_runs([exp.experiment_id], f"tags.benchmark = '{name}'")
+    assert len(runs) == 1  # one parent run per invocation
+    assert not client.search_runs(
+        [exp.experiment_id], f"tags.mlflow.parentRunId = '{runs[0].info.run_id}'")
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags["benchmark"] == name and run.data.tags["mode"] == "quick"

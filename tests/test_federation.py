@@ -17,6 +17,9 @@ from fedbn_med.federation.config import run_config_from_experiment
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
 
+from .test_privacy import check_no_private_tensor_left_the_site
+from .wiretap import Wiretap
+
 pytestmark = pytest.mark.integration
 
 SITES = ("NYU", "UM")
@@ -24,14 +27,21 @@ SITES = ("NYU", "UM")
 
 @pytest.fixture(scope="module")
 def federation(small_cohort, tmp_path_factory):
-    """A SuperLink and two site processes, shared by the runs of this module."""
+    """A SuperLink and two site processes, shared by the runs of this module.
+
+    Site NYU dials the SuperLink through a relay that records every byte it sends
+    (``fed.wiretap``), so the privacy test can read what crossed the wire.
+    """
     workdir = tmp_path_factory.mktemp("federation")
     with LocalFederation(workdir) as fed:
         fed.start_superlink()
-        for site in SITES:
-            fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1)
+        fed.wiretap = Wiretap(fed.port)
+        fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1,
+                       superlink=f"127.0.0.1:{fed.wiretap.port}")
+        fed.start_site("UM", data_dir=small_cohort, device="cpu", threads=1)
         fed.wait_sites_ready(list(SITES), timeout=180)
         yield fed
+        fed.wiretap.close()
     # every process the federation started is gone, children included
     for proc in psutil.Process().children(recursive=True):
         assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
@@ -75,6 +85,10 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
         assert steps == [1, 2, 3], site
     artifacts = {a.path for a in client.list_artifacts(parent[0].info.run_id)}
     assert {"results.md", "convergence.png", "model"} <= artifacts
+
+    # Privacy boundary: what NYU sent during this run holds no BN tensor of NYU.
+    check_no_private_tensor_left_the_site(bytes(federation.wiretap.sent), config, "NYU",
+                                          tmp_path, tmp_path / "artifacts")
 
 
 def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, tmp_path):

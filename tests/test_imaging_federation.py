@@ -65,7 +65,8 @@ def test_tracked_run_has_parent_and_site_runs(data_root: Path, tmp_path: Path) -
 
     sites, extra, _, _ = TINY["mri"]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    config = ExperimentConfig(strategy="singleset", rounds=2, batch_size=2, sites=sites,
+    # FedAvg: the logged global weights hold the BN tensors, which are shared there.
+    config = ExperimentConfig(strategy="fedavg", rounds=2, batch_size=2, sites=sites,
                               device="cpu", extra=extra)
     run_federation("mri", config, tracking_uri=store, data_dir=data_root)
     client = MlflowClient(tracking_uri=store)
@@ -75,6 +76,9 @@ def test_tracked_run_has_parent_and_site_runs(data_root: Path, tmp_path: Path) -
     assert sorted(r.data.tags["site"] for r in children) == sorted(sites)
     steps = client.get_metric_history(children[0].info.run_id, "test_dice_gm")
     assert [m.step for m in steps] == [1, 2]
+    parent = next(r for r in runs if r.data.tags.get("kind") == "federation")
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"model",
+                                                                          "results.md"}
 
 
 def test_imaging_settings_errors() -> None:

@@ -51,8 +51,9 @@ def mlflow_server(tmp_path):
     try:
         while True:
             try:
-                _get(base, "/health")
-                break
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("mlflow server did not start") from None

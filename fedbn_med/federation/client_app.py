@@ -24,7 +24,7 @@ from fedbn_med.partition import select
 from fedbn_med.tasks import get_task
 from fedbn_med.trainer import SiteTrainer
 
-__all__ = ["app", "SiteRuntime"]
+__all__ = ["SiteRuntime", "app"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class SiteRuntime:
     def kept_keys(self) -> frozenset[str]:
         """Return the keys that never leave the site under this strategy."""
         return self.trainer.partition.all - self.trainer.exchanged
+
+    def kept_hash(self) -> str:
+        """Return the hash of the state this site keeps, as it is in memory now."""
+        return state_hash(select(self.trainer.model.state_dict(), self.kept_keys))
 
     def save(self, rnd: int) -> str:
         """Persist the kept state after a round; return its hash."""
@@ -99,6 +103,7 @@ def query(msg: Message, context: Context) -> Message:
         "input-shape": [int(d) for d in rt.trainer.input_shape],
         "num-train": rt.trainer.data.num_train,
         "resumed-round": rt.trainer.rounds_trained,
+        "private-hash": rt.kept_hash(),
         "device": str(rt.trainer.device),
     })
     return Message(RecordDict({"info": info}), reply_to=msg)

@@ -8,8 +8,12 @@ from pathlib import Path
 
 from fedbn_med.experiment import ExperimentConfig
 
-__all__ = ["experiment_from_run_config", "run_config_from_experiment", "ServerSettings",
-           "NodeSettings"]
+__all__ = [
+    "NodeSettings",
+    "ServerSettings",
+    "experiment_from_run_config",
+    "run_config_from_experiment",
+]
 
 
 def _get(cfg: Mapping[str, object], key: str, default: object) -> object:
@@ -69,6 +73,7 @@ class ServerSettings:
     tracking_uri: str
     experiment: str
     resume: bool
+    allow_join: bool = False
 
     @classmethod
     def from_run_config(cls, cfg: Mapping[str, object], n_sites: int) -> ServerSettings:
@@ -89,6 +94,7 @@ class ServerSettings:
             tracking_uri=str(_get(cfg, "tracking-uri", "")),
             experiment=str(_get(cfg, "experiment", "")),
             resume=bool(_get(cfg, "resume", False)),
+            allow_join=bool(_get(cfg, "allow-join", False)),
         )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["LocalFederation", "TlsFiles", "free_port", "FederationError", "APP_DIR"]
+__all__ = ["APP_DIR", "FederationError", "LocalFederation", "TlsFiles", "free_port"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,15 +154,25 @@ class LocalFederation:
         raise FederationError(f"The SuperLink did not listen on {self.address} within "
                               f"{timeout:.0f} s.")
 
+    def register_site_key(self, public_key: Path) -> None:
+        """Register a site's public key with the SuperLink (node authentication)."""
+        out = subprocess.run([_tool("flwr"), "supernode", "register", str(public_key), "fedbn"],
+                             env=self.env, cwd=self.workdir, capture_output=True, text=True,
+                             timeout=120, check=False)
+        if out.returncode != 0 or "rror" in out.stdout + out.stderr:
+            raise FederationError(f"Could not register {public_key}: "
+                                  f"{(out.stdout + out.stderr).strip()[-800:]}")
+
     def node_command(self, site: str, state_dir: Path, data_dir: Path | None = None,
                      device: str = "auto", auth_key: Path | None = None,
-                     max_wait_time: float = 60.0) -> list[str]:
+                     max_wait_time: float = 60.0, superlink: str | None = None) -> list[str]:
         """Return the command that runs one site's node against this SuperLink."""
         cfg = f"site='{site}' state-dir='{state_dir}' device='{device}'"
         if data_dir is not None:
             cfg += f" data-dir='{data_dir}'"
+        local = f"{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
         cmd = [sys.executable, "-m", "fedbn_med.federation.node", "--superlink",
-               f"{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}",
+               superlink or local,
                "--node-config", cfg, "--max-wait-time", str(max_wait_time)]
         if self.tls is None:
             cmd.append("--insecure")
@@ -173,19 +183,21 @@ class LocalFederation:
         return cmd
 
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
-                   auth_key: Path | None = None, threads: int | None = None
-                   ) -> subprocess.Popen:
+                   auth_key: Path | None = None, threads: int | None = None,
+                   superlink: str | None = None) -> subprocess.Popen:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
-        cores instead of fighting over them.
+        cores instead of fighting over them. ``superlink`` overrides the address the site
+        dials (a relay or a proxy in front of the SuperLink).
         """
         state_dir = self.workdir / "sites"
         env = None
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        return self._spawn(f"site-{site}", self.node_command(site, state_dir, data_dir, device,
-                                                             auth_key), extra_env=env)
+        cmd = self.node_command(site, state_dir, data_dir, device, auth_key,
+                                superlink=superlink)
+        return self._spawn(f"site-{site}", cmd, extra_env=env)
 
     def wait_sites_ready(self, sites: list[str], timeout: float = 120.0) -> float:
         """Wait until every site's node has connected; return the seconds it took."""

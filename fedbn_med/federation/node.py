@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.common.config import get_fused_config_from_fab
 from flwr.common.constant import ErrorCode
@@ -39,13 +40,38 @@ from flwr.supercore.run import RunNotRunningException
 from flwr.supernode import fleet_http_connection
 from flwr.supernode.fleet_http_connection import http_request_response
 
-__all__ = ["run_node", "main"]
+__all__ = ["main", "run_node"]
 
 logger = logging.getLogger("fedbn_med.node")
 
 
 class _ConnectFailed(ConnectionError):
     pass
+
+
+class _ServerForgotUs(BaseException):
+    """The SuperLink answered 401: it restarted and no longer knows this node."""
+
+
+_LAST_401 = [0.0]
+_httpx_send = httpx.Client.send
+
+
+def _send_noting_401(self: httpx.Client, request: httpx.Request, **kwargs: object
+                     ) -> httpx.Response:
+    response = _httpx_send(self, request, **kwargs)  # type: ignore[arg-type]
+    if response.status_code == 401:
+        _LAST_401[0] = time.monotonic()
+    return response
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    # flwr answers a 401 (a restarted SuperLink that forgot this node) by sending SIGINT
+    # to its own process. That means "register again", not "stop": only a SIGINT with no
+    # 401 just before it stops the site.
+    if time.monotonic() - _LAST_401[0] < 10.0:
+        raise _ServerForgotUs
+    raise KeyboardInterrupt
 
 
 def _raise_instead_of_exit(code: object, message: str | None = None, *_: object,
@@ -58,7 +84,7 @@ def _raise_instead_of_exit(code: object, message: str | None = None, *_: object,
 fleet_http_connection.flwr_exit = _raise_instead_of_exit  # type: ignore[assignment]
 
 
-def _load_auth_keys(private_key: Path | None):  # noqa: ANN202
+def _load_auth_keys(private_key: Path | None):
     if private_key is None:
         return None
     from cryptography.hazmat.primitives.serialization import load_ssh_private_key
@@ -79,6 +105,7 @@ def run_node(
     max_wait_time: float | None = 60.0,
     poll: float = 0.01,
     max_poll: float = 0.25,
+    reconnect_timeout: float = 600.0,
 ) -> None:
     """Serve the ClientApp for one site until the process is stopped.
 
@@ -94,6 +121,8 @@ def run_node(
         The site's OpenSSH private key for SuperNode authentication.
     max_wait_time : float, optional
         Give up connecting after this many seconds (None: retry forever).
+    reconnect_timeout : float
+        After losing a server it had reached, keep trying this long before giving up.
     poll, max_poll : float
         Seconds between polls for a new message: ``poll`` right after a message, growing
         to ``max_poll`` while idle, so idle sites do not load the SuperLink.
@@ -103,83 +132,124 @@ def run_node(
     if not insecure and root_certificates is None:
         raise ValueError("TLS needs the consortium CA certificate (--root-certificates).")
     certs = root_certificates.read_bytes() if root_certificates is not None else None
-    contexts: dict[int, Context] = {}
+    keys = _load_auth_keys(private_key)
+    site = node_config.get("site")
+    previous = signal.getsignal(signal.SIGINT)
+    httpx.Client.send = _send_noting_401  # type: ignore[method-assign]
     try:
-        connection = http_request_response(
-            superlink, insecure=insecure, root_certificates=certs,
-            authentication_keys=_load_auth_keys(private_key), max_wait_time=max_wait_time,
-        )
-        conn = connection.__enter__()
-    except (Exception, SystemExit) as err:  # flwr exits the process when it gives up
-        raise ConnectionError(
-            f"Site '{node_config.get('site')}' could not reach the federation server at "
-            f"{superlink} within {max_wait_time} s: {err}"
-        ) from err
-    try:
-        node_id, receive, send, get_run, get_fab, pull_obj, push_obj, confirm = conn
-        logger.info("Site %s connected to %s as node %s", node_config.get("site"), superlink,
-                    node_id)
-        print(f"fedbn-med node ready: site={node_config.get('site')} node_id={node_id}",
-              flush=True)
-        wait = poll
-        while True:
-            try:
-                received = receive()
-            except RunNotRunningException:
-                received = None
-            if received is None:
-                time.sleep(wait)
-                wait = min(max_poll, wait * 1.5)
-                continue
-            wait = poll
-            head, tree = received
-            t_received = time.monotonic()
-            run_id = head.metadata.run_id
-            try:
-                if run_id not in contexts:
-                    run = get_run(run_id)
-                    fab = get_fab(run.fab_hash, run_id)
-                    contexts.clear()
-                    contexts[run_id] = Context(
-                        run_id=run_id, node_id=node_id, node_config=node_config,
-                        state=RecordDict(),
-                        run_config=get_fused_config_from_fab(fab.content, run),
-                    )
-                message = pull_and_inflate_object_from_tree(
-                    tree, lambda oid: pull_obj(run_id, oid), lambda oid: confirm(run_id, oid),
-                    return_type=Message, initial_backoff=0.01, backoff_cap=0.2,
-                )
-                message.metadata.__dict__["_message_id"] = tree.object_id
-                started = time.monotonic()
-                try:
-                    reply = client_app(message=message, context=contexts[run_id])
-                except Exception as err:  # reported to the server, the node stays up
-                    logger.exception("Site %s failed on a %s message",
-                                     node_config.get("site"), message.metadata.message_type)
-                    reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                                          reason=f"{type(err).__name__}: {err}"),
-                                    reply_to=message)
-                runtime = time.monotonic() - started
-                with no_object_id_recompute():
-                    reply.metadata.__dict__["_message_id"] = reply.object_id
-                    objects = get_all_nested_objects(reply)
-                    wanted, session = send(reply, get_object_tree(reply), runtime)
-                    push_object_contents_from_iterable(
-                        ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted),
-                        lambda oid, content: push_obj(run_id, session, oid, content),
-                    )
-                logger.info("%s message: pulled in %.3f s, handled in %.3f s, replied in %.3f s",
-                            message.metadata.message_type, started - t_received, runtime,
-                            time.monotonic() - started - runtime)
-            except RunNotRunningException:
-                contexts.pop(run_id, None)
+        _connect_and_serve(superlink, node_config, certs, keys, insecure, max_wait_time,
+                           reconnect_timeout, client_app, poll, max_poll, site)
     finally:
-        # Leave the federation politely, but never hang on a server that is gone.
-        watchdog = threading.Timer(5.0, os._exit, (0,))
-        watchdog.daemon = True
-        watchdog.start()
+        signal.signal(signal.SIGINT, previous)
+        httpx.Client.send = _httpx_send  # type: ignore[method-assign]
+
+
+def _connect_and_serve(superlink, node_config, certs, keys, insecure, max_wait_time,
+                       reconnect_timeout, client_app, poll, max_poll, site) -> None:
+    connected_once = False
+    while True:
+        wait_time = max_wait_time if not connected_once else reconnect_timeout
+        try:
+            connection = http_request_response(
+                superlink, insecure=insecure, root_certificates=certs,
+                authentication_keys=keys, max_wait_time=wait_time,
+            )
+            conn = connection.__enter__()
+        except (Exception, SystemExit) as err:
+            what = "reach" if not connected_once else "reconnect to"
+            raise ConnectionError(
+                f"Site '{site}' could not {what} the federation server at {superlink} "
+                f"within {wait_time} s: {err}"
+            ) from err
+        connected_once = True
+        signal.signal(signal.SIGINT, _on_sigint)
+        try:
+            _serve(conn, client_app, node_config, superlink, poll, max_poll)
+        except (httpx.HTTPError, _ServerForgotUs) as err:
+            # The server went away (crash, restart, network cut): our state is on disk and
+            # in memory; register again and carry on where the federation is.
+            logger.warning("Site %s lost the federation server (%s); reconnecting", site, err)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # flwr's 401 signals while closing
+            closer = threading.Thread(target=_close_quietly, args=(connection,), daemon=True)
+            closer.start()
+            closer.join(timeout=5.0)
+            time.sleep(1.0)
+        except BaseException:
+            # Stopping: leave the federation politely, but never hang on a server that is
+            # gone.
+            watchdog = threading.Timer(5.0, os._exit, (0,))
+            watchdog.daemon = True
+            watchdog.start()
+            _close_quietly(connection)
+            raise
+
+
+def _close_quietly(connection) -> None:
+    try:
         connection.__exit__(None, None, None)
-        watchdog.cancel()
+    except (Exception, SystemExit):  # noqa: BLE001 - the server may be gone
+        pass
+
+
+def _serve(conn, client_app, node_config, superlink, poll, max_poll) -> None:
+    contexts: dict[int, Context] = {}
+    node_id, receive, send, get_run, get_fab, pull_obj, push_obj, confirm = conn
+    logger.info("Site %s connected to %s as node %s", node_config.get("site"), superlink,
+                node_id)
+    print(f"fedbn-med node ready: site={node_config.get('site')} node_id={node_id}",
+          flush=True)
+    wait = poll
+    while True:
+        try:
+            received = receive()
+        except RunNotRunningException:
+            received = None
+        if received is None:
+            time.sleep(wait)
+            wait = min(max_poll, wait * 1.5)
+            continue
+        wait = poll
+        head, tree = received
+        t_received = time.monotonic()
+        run_id = head.metadata.run_id
+        try:
+            if run_id not in contexts:
+                run = get_run(run_id)
+                fab = get_fab(run.fab_hash, run_id)
+                contexts.clear()
+                contexts[run_id] = Context(
+                    run_id=run_id, node_id=node_id, node_config=node_config,
+                    state=RecordDict(),
+                    run_config=get_fused_config_from_fab(fab.content, run),
+                )
+            message = pull_and_inflate_object_from_tree(
+                tree, lambda oid: pull_obj(run_id, oid), lambda oid: confirm(run_id, oid),
+                return_type=Message, initial_backoff=0.01, backoff_cap=0.2,
+            )
+            message.metadata.__dict__["_message_id"] = tree.object_id
+            started = time.monotonic()
+            try:
+                reply = client_app(message=message, context=contexts[run_id])
+            except Exception as err:  # reported to the server, the node stays up
+                logger.exception("Site %s failed on a %s message",
+                                 node_config.get("site"), message.metadata.message_type)
+                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                                      reason=f"{type(err).__name__}: {err}"),
+                                reply_to=message)
+            runtime = time.monotonic() - started
+            with no_object_id_recompute():
+                reply.metadata.__dict__["_message_id"] = reply.object_id
+                objects = get_all_nested_objects(reply)
+                wanted, session = send(reply, get_object_tree(reply), runtime)
+                push_object_contents_from_iterable(
+                    ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted),
+                    lambda oid, content: push_obj(run_id, session, oid, content),
+                )
+            logger.info("%s message: pulled in %.3f s, handled in %.3f s, replied in %.3f s",
+                        message.metadata.message_type, started - t_received, runtime,
+                        time.monotonic() - started - runtime)
+        except RunNotRunningException:
+            contexts.pop(run_id, None)
 
 
 def parse_node_config(text: str) -> dict[str, object]:

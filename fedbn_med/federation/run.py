@@ -21,7 +21,7 @@ from fedbn_med.federation.config import run_config_from_experiment
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles
 from fedbn_med.sites import load_sites
 
-__all__ = ["FlowerOptions", "run_flower", "serve", "run_site", "prepare_builtin"]
+__all__ = ["FlowerOptions", "prepare_builtin", "run_flower", "run_site", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class FlowerOptions:
     wait_timeout: float = 120.0
     round_timeout: float = 600.0
     resume: bool = False
+    allow_join: bool = False
     federation_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     tls: TlsFiles | None = None
     node_auth: bool = False
@@ -90,7 +91,7 @@ def _run_config(config: ExperimentConfig, options: FlowerOptions) -> dict[str, o
             "workdir": str(options.workdir), "tracking-uri": options.tracking_uri,
             "federation-id": options.federation_id, "min-sites": options.min_sites,
             "wait-timeout": options.wait_timeout, "round-timeout": options.round_timeout,
-            "resume": options.resume}
+            "resume": options.resume, "allow-join": options.allow_join}
 
 
 def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
@@ -133,6 +134,12 @@ def serve(config: ExperimentConfig, options: FlowerOptions) -> dict:
     with LocalFederation(options.workdir, host=options.host, port=options.port,
                          tls=options.tls, node_auth=options.node_auth) as fed:
         fed.start_superlink()
+        if options.node_auth and options.tls is not None:
+            for site in config.sites:
+                public = options.tls.ca_cert.parent / f"{site}.pub"
+                if not public.is_file():
+                    raise FileNotFoundError(f"No public key {public} for site {site}.")
+                fed.register_site_key(public)
         print(f"Federation server listening on {fed.address}; waiting up to "
               f"{options.wait_timeout:.0f} s for sites {', '.join(config.sites)}", flush=True)
         progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)

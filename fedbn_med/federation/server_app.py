@@ -33,7 +33,7 @@ from fedbn_med.strategies import weighted_average
 from fedbn_med.tasks import get_task
 from fedbn_med.tracking import FederationTracker
 
-__all__ = ["app", "FederationServer", "FastGrid", "validate_update"]
+__all__ = ["FastGrid", "FederationServer", "app", "validate_update"]
 
 logger = logging.getLogger("fedbn_med.server")
 
@@ -43,8 +43,8 @@ app = ServerApp()
 def _shorten_object_pull_backoff() -> None:
     # flwr 1.42's grid pulls reply contents with a 1 s first back-off (10 s cap) when a
     # reply is visible before its contents are uploaded: a whole second lost per round.
-    import flwr.superlink.grid.http_grid as http_grid
     from flwr.supercore.inflatable.inflatable_utils import pull_objects
+    from flwr.superlink.grid import http_grid
 
     http_grid.pull_objects = functools.partial(pull_objects, initial_backoff=0.01,
                                                backoff_cap=0.2)
@@ -126,6 +126,9 @@ class FederationServer:
         self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
         self.template = dict(self.global_weights)
         self.sites: dict[int, str] = {}
+        self.asked: set[int] = set()
+        self.query_attempts: dict[int, int] = {}
+        self.pending: dict[str, dict[str, float]] = {}
         self.rows: list[dict[str, object]] = []
         self.workdir = settings.workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -142,12 +145,8 @@ class FederationServer:
         """Wait (bounded) for the expected sites; ask each node which site it is."""
         expected = set(self.config.sites)
         deadline = time.monotonic() + self.settings.wait_timeout
-        asked: set[int] = set()
         while True:
-            new = [n for n in self.grid.node_ids() if n not in asked]
-            if new:
-                asked.update(new)
-                self._query(new)
+            self._query_new_nodes()
             found = set(self.sites.values())
             if expected <= found:
                 break
@@ -165,11 +164,26 @@ class FederationServer:
             time.sleep(0.2)
         self._event(event="ready", sites=sorted(set(self.sites.values())))
 
-    def _query(self, node_ids: list[int]) -> None:
+    def _query_new_nodes(self) -> None:
+        new = [n for n in self.grid.node_ids() if n not in self.asked]
+        if new:
+            self.asked.update(new)
+            answered = self._query(new)
+            # A node that did not answer (still loading its data, or dead) is asked again
+            # later, a few times at most.
+            for node in set(new) - answered:
+                self.query_attempts[node] = self.query_attempts.get(node, 0) + 1
+                if self.query_attempts[node] < 3:
+                    self.asked.discard(node)
+
+    def _query(self, node_ids: list[int]) -> set[int]:
         messages = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
                             message_type=MessageType.QUERY) for n in node_ids]
-        for reply in self.grid.send(messages, timeout=self.settings.wait_timeout):
+        answered: set[int] = set()
+        timeout = min(self.settings.wait_timeout, 30.0)
+        for reply in self.grid.send(messages, timeout=timeout):
             node = reply.metadata.src_node_id
+            answered.add(node)
             if reply.has_error():
                 logger.error("Node %s failed to start its site: %s", node, reply.error.reason)
                 self._event(event="site-error", node=node, reason=reply.error.reason)
@@ -177,9 +191,10 @@ class FederationServer:
             info = reply.content.config_records["info"]
             site = str(info["site"])
             shape = tuple(int(d) for d in info["input-shape"])
-            if site not in self.config.sites:
+            if site not in self.config.sites and not self.settings.allow_join:
                 logger.error("Node %s is site '%s', which is not in this federation (%s); "
-                             "ignored.", node, site, ", ".join(self.config.sites))
+                             "ignored (allow-join is off).", node, site,
+                             ", ".join(self.config.sites))
                 continue
             if shape != tuple(self.input_shape):
                 reason = (f"Site '{site}' has data of shape (N, {', '.join(map(str, shape))}) "
@@ -188,10 +203,19 @@ class FederationServer:
                 logger.error(reason)
                 self._event(event="site-refused", site=site, reason=reason)
                 continue
-            self.sites = {n: s for n, s in self.sites.items() if s != site}  # a rejoin
+            rejoin = site in self.sites.values()
+            if site not in self.config.sites and not rejoin:
+                # A new site joins a running federation: it receives the current shared
+                # weights with its first round and trains its own BN layers from there.
+                logger.info("Site %s joins the federation", site)
+            self.sites = {n: s for n, s in self.sites.items() if s != site}
             self.sites[node] = site
             logger.info("Site %s is node %s (resumed round %s)", site, node,
                         info["resumed-round"])
+            self._event(event="rejoined" if rejoin else "joined", site=site, node=node,
+                        resumed_round=int(info["resumed-round"]),
+                        private_hash=str(info.get("private-hash", "")))
+        return answered
 
     def resume(self) -> str | None:
         """Load the last global checkpoint; return the MLflow parent run ID it names."""
@@ -204,6 +228,7 @@ class FederationServer:
         self.global_weights = tensors
         self.start_round = int(meta["round"]) + 1  # type: ignore[call-overload]
         self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
+        self.pending = dict(meta.get("pending", {}))  # type: ignore[arg-type]
         logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
         return str(meta.get("parent_run_id") or "") or None
 
@@ -230,24 +255,26 @@ class FederationServer:
             sorted(set(self.sites.values())),
             tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
         )
-        pending: dict[str, dict[str, float]] = {}
+        if parent_id is not None:
+            self.tracker.dedupe_next = True  # a round may have been logged before the crash
         for rnd in range(self.start_round, self.config.rounds + 1):
-            pending = self._round(rnd, pending)
-        self._close(pending)
+            self.pending = self._round(rnd, self.pending)
+        self._close(self.pending)
 
     def _round(self, rnd: int, pending: dict[str, dict[str, float]]
                ) -> dict[str, dict[str, float]]:
+        self._query_new_nodes()  # a restarted site rejoins here
         nodes = self._live_nodes()
         if len(nodes) < self.settings.min_sites:
             self.discover()
             nodes = self._live_nodes()
         started = time.monotonic()
-        evaluate_first = rnd > self.start_round
+        evaluate_first = rnd > 1
         replies = self.grid.send(
             [self._message(n, MessageType.TRAIN, rnd, evaluate_first) for n in nodes],
             timeout=self.settings.round_timeout,
         )
-        updates, fits, evals = [], {}, {}
+        updates, fits, evals, hashes = [], {}, {}, {}
         for reply in replies:
             site = nodes.get(reply.metadata.src_node_id)
             if site is None:
@@ -274,6 +301,8 @@ class FederationServer:
                     self._event(event="update-refused", round=rnd, site=site, reason=reason)
                     continue
                 updates.append((site, weights, int(metrics["num-examples"])))
+            if "state" in content.config_records:
+                hashes[site] = str(content.config_records["state"]["private-hash"])
             fits[site] = {"num_examples": metrics["num-examples"],
                           "train_loss": metrics["train_loss"], "setups": metrics["setups"]}
         missing = sorted(set(nodes.values()) - set(fits))
@@ -287,9 +316,9 @@ class FederationServer:
             self.global_weights = weighted_average([(w, n) for _, w, n in updates])
         if evaluate_first:
             self._complete(rnd - 1, pending, evals)
-        self._save_checkpoint(rnd)
+        self._save_checkpoint(rnd, fits)
         self._event(event="trained", round=rnd, seconds=time.monotonic() - started,
-                    sites=sorted(fits), missing=missing)
+                    sites=sorted(fits), missing=missing, private_hashes=hashes)
         return fits
 
     def _outlier(self, site: str, weights: Mapping[str, torch.Tensor], updates: list
@@ -312,17 +341,21 @@ class FederationServer:
     def _complete(self, rnd: int, fits: Mapping[str, Mapping[str, float]],
                   evals: Mapping[str, Mapping[str, float]]) -> None:
         round_metrics = {site: {**fits[site], **evals.get(site, {})} for site in fits}
+        self.rows = [r for r in self.rows if r["round"] != rnd]
         for site, metrics in round_metrics.items():
             self.rows.append({"round": rnd, "site": site, **metrics})
         assert self.tracker is not None
         self.tracker.log_round(rnd, round_metrics)
         self._event(event="round", round=rnd, sites=round_metrics)
 
-    def _save_checkpoint(self, rnd: int) -> None:
+    def _save_checkpoint(self, rnd: int, fits: Mapping[str, Mapping[str, float]]) -> None:
+        # Everything needed to go on after a crash: the global weights of round ``rnd``,
+        # the training metrics of ``rnd`` whose evaluation comes with the next round, and
+        # the MLflow run to log into. Written atomically: a crash leaves the last one whole.
         assert self.tracker is not None
         save_tensors(self.checkpoint, self.global_weights,
                      {"round": rnd, "parent_run_id": self.tracker.parent_id,
-                      "rows": self.rows, "strategy": self.strategy.label})
+                      "rows": self.rows, "pending": fits, "strategy": self.strategy.label})
 
     def _close(self, pending: dict[str, dict[str, float]]) -> None:
         nodes = self._live_nodes()

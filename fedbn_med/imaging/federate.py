@@ -115,25 +115,27 @@ def run_federation(task_name: str, config: ExperimentConfig, *,
                                     {**config.params(), **dict(config.extra)},
                                     config.sites, tracking_uri=tracking_uri,
                                     tags={"task": task_name})
+
     def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         if tracker is not None:
             tracker.log_round(rnd, metrics)
         scores = ", ".join(f"{site} {_headline(m):.3f}" for site, m in metrics.items())
         logger.info("%s %s round %d/%d, validation Dice or AUC: %s", task_name,
-                    strategy.label, rnd, config.rounds,
-                    scores)
+                    strategy.label, rnd, config.rounds, scores)
 
     try:
         history = run_in_process(trainers, strategy, config.rounds, pooled=pooled,
                                  on_round=on_round)
+        if tracker is not None:
+            first = next(iter(trainers.values()))
+            kept = first.partition.all - first.exchanged  # BN under FedBN; none under FedAvg
+            tracker.log_text(site_table(history.final(), _columns(history)), "results.md")
+            tracker.log_shared_weights(history.global_weights, kept)
     except BaseException:
         if tracker is not None:
             tracker.finish("FAILED")
         raise
     if tracker is not None:
-        private = next(iter(trainers.values())).partition.private
-        tracker.log_text(site_table(history.final(), _columns(history)), "results.md")
-        tracker.log_shared_weights(history.global_weights, private)
         tracker.finish()
     return history
 

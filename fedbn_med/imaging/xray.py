@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 XRAY_SITES = ("HospitalA", "HospitalB", "HospitalC")
-XRAY_DEFAULTS = ImagingSettings(image_size=64, subjects=60)
+XRAY_DEFAULTS = ImagingSettings(image_size=64, subjects=48)
 
 
 def xray_transforms(settings: ImagingSettings, *, train: bool) -> Compose:

@@ -1,0 +1,127 @@
+"""Keys and certificates of a consortium: one CA, the server's certificate, a key per site.
+
+The server speaks TLS with a certificate signed by the consortium's CA; each site checks
+it against ``ca.pem``. Each site proves who it is with its own key pair: the server
+registers the public keys of the sites it expects, and refuses any other node.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+__all__ = ["ConsortiumFiles", "create_consortium"]
+
+
+@dataclass(frozen=True)
+class ConsortiumFiles:
+    """Where each file of the consortium was written."""
+
+    ca_cert: Path
+    ca_key: Path
+    server_cert: Path
+    server_key: Path
+    site_keys: dict[str, tuple[Path, Path]]  # site -> (private key, public key)
+
+    def handout(self) -> str:
+        """Return who gets which file, as a table to print."""
+        rows = [("the server operator", f"{self.server_cert.name}, {self.server_key.name}, "
+                 f"{self.ca_cert.name}, every site's .pub"),
+                ("keep offline", self.ca_key.name)]
+        rows += [(f"site {site}", f"{priv.name} (secret), {self.ca_cert.name}")
+                 for site, (priv, _) in self.site_keys.items()]
+        width = max(len(r[0]) for r in rows)
+        return "\n".join(f"{who:<{width}}  {what}" for who, what in rows)
+
+
+def _write(path: Path, data: bytes, secret: bool) -> Path:
+    path.write_bytes(data)
+    if secret:
+        path.chmod(0o600)
+    return path
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedbn-med consortium"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: Sequence[str],
+                      *, days: int = 365) -> ConsortiumFiles:
+    """Create the CA, the server certificate (for ``server_hosts``) and a key per site.
+
+    Parameters
+    ----------
+    out_dir : path
+        An empty or new folder.
+    server_hosts : sequence of str
+        Names or IP addresses the sites use to reach the server (its certificate's SANs).
+    sites : sequence of str
+        Site names; each gets ``<site>.key`` (OpenSSH private key) and ``<site>.pub``.
+    """
+    if not server_hosts:
+        raise ValueError("Name at least one server host (e.g. fl.consortium.example).")
+    if not sites:
+        raise ValueError("Name at least one site.")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    existing = [p.name for p in out.iterdir()]
+    if existing:
+        raise ValueError(f"{out} is not empty ({', '.join(sorted(existing)[:5])}); refusing to "
+                         "overwrite a consortium's keys.")
+    now = dt.datetime.now(dt.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP384R1())
+    ca_cert = (x509.CertificateBuilder().subject_name(_name("fedbn-med CA"))
+               .issuer_name(_name("fedbn-med CA")).public_key(ca_key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5))
+               .not_valid_after(now + dt.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                            crl_sign=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False,
+                                            decipher_only=False), critical=True)
+               .sign(ca_key, hashes.SHA256()))
+    sans: list[x509.GeneralName] = []
+    for host in server_hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    server_key = ec.generate_private_key(ec.SECP384R1())
+    server_cert = (x509.CertificateBuilder().subject_name(_name(server_hosts[0]))
+                   .issuer_name(ca_cert.subject).public_key(server_key.public_key())
+                   .serial_number(x509.random_serial_number())
+                   .not_valid_before(now - dt.timedelta(minutes=5))
+                   .not_valid_after(now + dt.timedelta(days=days))
+                   .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None),
+                                  critical=True)
+                   .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    files = ConsortiumFiles(
+        ca_cert=_write(out / "ca.pem", ca_cert.public_bytes(pem), False),
+        ca_key=_write(out / "ca.key", ca_key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), True),
+        server_cert=_write(out / "server.pem", server_cert.public_bytes(pem), False),
+        server_key=_write(out / "server.key", server_key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), True),
+        site_keys={},
+    )
+    for site in sites:
+        key = ec.generate_private_key(ec.SECP384R1())
+        private = _write(out / f"{site}.key", key.private_bytes(
+            pem, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()), True)
+        public = _write(out / f"{site}.pub", key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH), False)
+        files.site_keys[site] = (private, public)
+    return files

@@ -1,0 +1,55 @@
+"""User errors at the command line read like nilearn's: what was expected, given, valid."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedbn_med.cli import main
+from fedbn_med.sites import load_site
+
+
+def test_unknown_strategy_lists_the_valid_ones(capsys):
+    assert main(["--strategy", "fedbm"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown strategy 'fedbm'. Valid strategies: centralized, fedavg, fedbn, fedprox, " \
+           "singleset." in err
+
+
+@pytest.mark.parametrize("argv", [["--site", "UCLAA", "--superlink", "127.0.0.1:1"],
+                                  ["--sites", "NYU,UCLAA"]])
+def test_unknown_site_lists_the_valid_ones(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Unknown site 'UCLAA'. Valid sites:" in err and "NYU" in err and "UCLA" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_rounds_must_be_a_positive_integer(value, capsys):
+    with pytest.raises(SystemExit):
+        main(["--rounds", value])
+    assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_server_beyond_this_host_needs_tls(capsys):
+    assert main(["--serve", "--listen", "10.1.2.3:9092"]) == 2
+    assert "without TLS" in capsys.readouterr().err
+
+
+def test_site_needs_the_server_address(capsys):
+    assert main(["--site", "UCLA"]) == 2
+    assert "--site needs --superlink HOST:PORT" in capsys.readouterr().err
+
+
+def test_broken_site_files_are_named(tmp_path):
+    (tmp_path / "BAD.toml").write_text('name = "BAD"\nabide_site_ids = [\n')
+    with pytest.raises(ValueError, match=r"BAD.toml is not valid TOML"):
+        load_site("BAD", tmp_path)
+    (tmp_path / "EMPTY.toml").write_text('name = "EMPTY"\nabide_site_ids = []\n')
+    with pytest.raises(ValueError, match=r"'abide_site_ids' must be a non-empty list"):
+        load_site("EMPTY", tmp_path)
+    (tmp_path / "TYPO.toml").write_text('name = "TYPO"\nabide_site_ids = ["NYU"]\nsplit = 1\n')
+    with pytest.raises(ValueError, match=r"unknown keys \['split'\]. Valid keys:"):
+        load_site("TYPO", tmp_path)
+    (tmp_path / "DEV.toml").write_text('abide_site_ids = ["NYU"]\ndevice = "tpu"\n')
+    with pytest.raises(ValueError, match=r"'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N'"):
+        load_site("DEV", tmp_path)

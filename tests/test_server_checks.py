@@ -1,0 +1,54 @@
+"""The server's checks of replies, and the packing of tensors into Flower records."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.server_app import validate_update
+
+EXPECTED = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
+
+
+def test_sound_update_passes():
+    assert validate_update("A", {"w": torch.ones(3, 2), "b": torch.ones(2)}, EXPECTED, ()) is None
+
+
+@pytest.mark.parametrize("update, reason", [
+    ({"w": torch.full((3, 2), float("nan")), "b": torch.ones(2)}, "'w' holds NaN or Inf"),
+    ({"w": torch.full((3, 2), float("inf")), "b": torch.ones(2)}, "'w' holds NaN or Inf"),
+    ({"w": torch.ones(2, 3), "b": torch.ones(2)}, r"'w' has shape \(2, 3\), expected \(3, 2\)"),
+    ({"w": torch.ones(3, 2)}, r"missing \['b'\]"),
+    ({"w": torch.ones(3, 2), "b": torch.ones(2), "x": torch.ones(1)}, r"unexpected \['x'\]"),
+    ({"w": torch.ones(3, 2), "b": torch.ones(2), "bn.running_mean": torch.ones(2)},
+     "site-private keys"),
+])
+def test_bad_updates_are_refused_with_a_reason(update, reason):
+    got = validate_update("A", update, EXPECTED, {"bn.running_mean"})
+    assert got is not None
+    import re
+    assert re.search(reason, got), got
+
+
+def test_pack_round_trip_keeps_names_shapes_dtypes():
+    tensors = {"conv.weight": torch.randn(4, 1, 3, 3), "fc.bias": torch.randn(7),
+               "bn.num_batches_tracked": torch.tensor(12), "scalar": torch.tensor(1.5)}
+    content = RecordDict()
+    pack(tensors, content)
+    assert len(content.array_records["arrays"]) == 2  # one float and one int vector
+    out = unpack(content)
+    assert set(out) == set(tensors)
+    for key, value in tensors.items():
+        assert out[key].shape == value.shape
+        assert torch.equal(out[key].to(value.dtype), value)
+    assert unpack(RecordDict()) == {}
+
+
+def test_unpack_refuses_a_layout_that_does_not_fit():
+    content = RecordDict()
+    pack({"w": torch.randn(6)}, content)
+    content["arrays-layout"]["dims"] = [7]
+    with pytest.raises(ValueError, match="shorter than their layout"):
+        unpack(content)
