@@ -80,7 +80,8 @@ class LocalFederation:
     """
 
     def __init__(self, workdir: str | Path, host: str = "127.0.0.1", port: int | None = None,
-                 tls: TlsFiles | None = None, node_auth: bool = False) -> None:
+                 tls: TlsFiles | None = None, node_auth: bool = False,
+                 netns: str | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -88,6 +89,7 @@ class LocalFederation:
         self.port = port or free_port(host if host != "0.0.0.0" else "127.0.0.1")
         self.tls = tls
         self.node_auth = node_auth
+        self.netns = netns  # run the server side inside this network namespace
         self.processes: dict[str, subprocess.Popen] = {}
         self._runs = 0
         self.flwr_home = self.workdir / "flwr_home"
@@ -111,8 +113,10 @@ class LocalFederation:
         (self.flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
 
     # -- processes -----------------------------------------------------------------------
-    def _spawn(self, name: str, cmd: list[str], extra_env: Mapping[str, str] | None = None
-               ) -> subprocess.Popen:
+    def _spawn(self, name: str, cmd: list[str], extra_env: Mapping[str, str] | None = None,
+               netns: str | None = None) -> subprocess.Popen:
+        if netns is not None:
+            cmd = ["ip", "netns", "exec", netns, *cmd]
         log = open(self.workdir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
         env = {**self.env, **(extra_env or {})}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -139,24 +143,36 @@ class LocalFederation:
                     str(self.tls.server_cert), "--ssl-keyfile", str(self.tls.server_key)]
         if self.node_auth:
             cmd.append("--enable-supernode-auth")
-        proc = self._spawn("superlink", cmd)
+        proc = self._spawn("superlink", cmd, netns=self.netns)
         probe = "127.0.0.1" if self.host == "0.0.0.0" else self.host
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise FederationError("The SuperLink exited at start-up:\n"
                                       + self.log_tail("superlink"))
-            try:
-                with socket.create_connection((probe, self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.2)
+            if self._listening(probe):
+                return
+            time.sleep(0.2)
         raise FederationError(f"The SuperLink did not listen on {self.address} within "
                               f"{timeout:.0f} s.")
 
+    def _listening(self, host: str) -> bool:
+        if self.netns is None:
+            try:
+                with socket.create_connection((host, self.port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+        probe = (f"import socket; socket.create_connection(({host!r}, {self.port}), "
+                 "timeout=0.5)")
+        return subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", probe],
+                              capture_output=True, timeout=30, check=False).returncode == 0
+
     def register_site_key(self, public_key: Path) -> None:
         """Register a site's public key with the SuperLink (node authentication)."""
-        out = subprocess.run([_tool("flwr"), "supernode", "register", str(public_key), "fedbn"],
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        out = subprocess.run([*prefix, _tool("flwr"), "supernode", "register", str(public_key),
+                              "fedbn"],
                              env=self.env, cwd=self.workdir, capture_output=True, text=True,
                              timeout=120, check=False)
         if out.returncode != 0 or "rror" in out.stdout + out.stderr:
@@ -184,7 +200,8 @@ class LocalFederation:
 
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
                    auth_key: Path | None = None, threads: int | None = None,
-                   superlink: str | None = None) -> subprocess.Popen:
+                   superlink: str | None = None, netns: str | None = None
+                   ) -> subprocess.Popen:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
@@ -197,7 +214,7 @@ class LocalFederation:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         cmd = self.node_command(site, state_dir, data_dir, device, auth_key,
                                 superlink=superlink)
-        return self._spawn(f"site-{site}", cmd, extra_env=env)
+        return self._spawn(f"site-{site}", cmd, extra_env=env, netns=netns)
 
     def wait_sites_ready(self, sites: list[str], timeout: float = 120.0) -> float:
         """Wait until every site's node has connected; return the seconds it took."""
@@ -227,7 +244,7 @@ class LocalFederation:
         cmd = [_tool("flwr"), "run", str(APP_DIR), "fedbn", "--stream",
                "--run-config", str(overrides)]
         self._runs += 1
-        proc = self._spawn(f"run-{self._runs}", cmd)
+        proc = self._spawn(f"run-{self._runs}", cmd, netns=self.netns)
         proc.log_name = f"run-{self._runs}"  # type: ignore[attr-defined]
         return proc
 
