@@ -196,7 +196,7 @@ class FederationTracker:
 
 
 def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    keys = ("test_accuracy", "test_auc", "train_loss")
+    keys = ("test_accuracy", "test_auc", "test_dice", "train_loss")
     out = {}
     for key in keys:
         vals = [float(m[key]) for m in site_metrics.values()

@@ -36,6 +36,8 @@ def run_config_from_experiment(config: ExperimentConfig) -> dict[str, object]:
         "n-folds": config.n_folds,
         "sites": ",".join(config.sites),
         "site-effect": config.site_effect,
+        # task-specific settings (image size, subjects...), as "key=value;key=value"
+        "extra": ";".join(f"{k}={v}" for k, v in sorted(config.extra.items())),
     }
 
 
@@ -56,6 +58,8 @@ def experiment_from_run_config(cfg: Mapping[str, object]) -> ExperimentConfig:
         n_folds=int(_get(cfg, "n-folds", 5)),  # type: ignore[arg-type]
         sites=sites,
         site_effect=float(_get(cfg, "site-effect", 1.0)),  # type: ignore[arg-type]
+        extra=dict(item.split("=", 1) for item in str(_get(cfg, "extra", "")).split(";")
+                   if "=" in item),
     )
 
 

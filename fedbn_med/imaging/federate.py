@@ -168,3 +168,50 @@ def run_pipeline(task_name: str, config: ExperimentConfig, strategies: Sequence[
                         + site_table(history.final(), _columns(history)))
     return histories, "\n\n".join(sections)
 
+
+
+@dataclass(frozen=True)
+class PipelineDefaults:
+    """What differs between the imaging pipelines' command lines."""
+
+    sites: tuple[str, ...]
+    settings: ImagingSettings
+    rounds: int
+    batch_size: int
+    batch_unit: str
+    headline: str
+
+
+def pipeline_main(task_name: str, defaults: PipelineDefaults, description: str,
+                  argv: Sequence[str] | None = None) -> None:
+    """Parse an imaging pipeline's options, run the federation(s) and print the table."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--site", default=",".join(defaults.sites), help="comma-separated sites")
+    p.add_argument("--strategy", default="fedbn")
+    p.add_argument("--compare", nargs="?", default="", const="singleset,fedavg,fedprox,fedbn",
+                   help="run several strategies in turn (default: all federated ones)")
+    p.add_argument("--rounds", type=int, default=defaults.rounds)
+    p.add_argument("--local-epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                   help=f"{defaults.batch_unit} per batch")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=defaults.settings.image_size)
+    p.add_argument("--subjects", type=int, default=defaults.settings.subjects)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--tracking-uri", default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = ExperimentConfig(
+        strategy=args.strategy, rounds=args.rounds, local_epochs=args.local_epochs,
+        batch_size=args.batch_size, lr=args.lr, seed=args.seed, device=args.device,
+        sites=tuple(s for s in args.site.split(",") if s),
+        extra={"image_size": str(args.image_size), "subjects": str(args.subjects)},
+    )
+    strategies = [s for s in args.compare.split(",") if s] or [args.strategy]
+    _, report = run_pipeline(task_name, config, strategies, tracking_uri=args.tracking_uri,
+                             data_dir=args.data_dir)
+    print(report)
