@@ -42,7 +42,7 @@ PAPER = """Paper (FedBN, ICLR 2021), accuracy (%) mean (std) over 5 runs:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every strategy on every fold and publish the paper-style table."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=50, folds=5),
+    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=100, folds=5),
                          quick=Budget(rounds=3, folds=1))
     bench = Benchmark(parser, argv)
     # results[metric][method][site] = one value per run (fold)
