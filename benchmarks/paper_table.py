@@ -59,9 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 per_site[site].append(float(final[site][f"test_{metric}"]))
             per_site["mean"].append(site_mean(history, f"test_{metric}"))
 
-    acc = {m: {s: v for s, v in per.items() if s != "mean"}
-           for m, per in results["accuracy"].items()}
-    table = paper_table(acc, SITES)
+    def per_site(metric: str) -> dict[str, dict[str, list[float]]]:
+        return {m: {s: v for s, v in per.items() if s != "mean"}
+                for m, per in results[metric].items()}
+
+    table = paper_table(per_site("accuracy"), SITES)
+    if "auc" in results:
+        table += "\n\n" + paper_table(per_site("auc"), SITES, metric="auc")
     rows = [{"method": method, "site": site, "runs": len(results["accuracy"][method][site]),
              **{f"{metric}_{stat}": round(value, 6) for metric in METRICS
                 for stat, value in zip(("mean", "std"),

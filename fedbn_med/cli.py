@@ -213,12 +213,13 @@ def _print_results(args: argparse.Namespace, configs: list[ExperimentConfig],
     from fedbn_med.report import paper_table
 
     if args.compare:
-        table: dict[str, dict[str, list[float]]] = {}
-        for config, result in zip(configs, results):
-            per_site = table.setdefault(config.strategy_obj().label, {})
-            for site, metrics in result["final"].items():
-                per_site.setdefault(site, []).append(float(metrics["test_accuracy"]))
-        print(paper_table(table, list(args.sites)))
+        for metric in ("accuracy", "auc"):
+            table: dict[str, dict[str, list[float]]] = {}
+            for config, result in zip(configs, results):
+                per_site = table.setdefault(config.strategy_obj().label, {})
+                for site, metrics in result["final"].items():
+                    per_site.setdefault(site, []).append(float(metrics[f"test_{metric}"]))
+            print(paper_table(table, list(args.sites), metric=metric) + "\n")
     else:
         print(f"\n{results[0]['strategy']} after {args.rounds} rounds (test split, fold "
               f"{args.fold}), % per site:\n")

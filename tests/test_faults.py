@@ -123,7 +123,7 @@ def test_server_killed_after_round_3_resumes_without_gaps_or_duplicates(fed, sma
 
 def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
     # Enough rounds for the new site's process to start (import torch, load its data).
-    rounds = 25
+    rounds = 15
     config = ExperimentConfig(strategy="fedbn", rounds=rounds, sites=SITES[:2],
                               data_dir=small_cohort)
     fed.stop_process("site-USM")

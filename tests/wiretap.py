@@ -16,7 +16,8 @@ class Wiretap:
         self.server.bind(("127.0.0.1", 0))
         self.server.listen(64)
         self.port = self.server.getsockname()[1]
-        self.sent = bytearray()
+        self.sent = bytearray()  # client -> server
+        self.received = bytearray()  # server -> client
         self.lock = threading.Lock()
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -28,16 +29,16 @@ class Wiretap:
             except OSError:
                 return
             upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, False),
+            threading.Thread(target=self._pipe, args=(client, upstream, self.sent),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.received),
                              daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, record: bytearray) -> None:
         try:
             while data := src.recv(65536):
-                if record:
-                    with self.lock:
-                        self.sent.extend(data)
+                with self.lock:
+                    record.extend(data)
                 dst.sendall(data)
         except OSError:
             pass

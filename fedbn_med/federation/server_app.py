@@ -374,7 +374,9 @@ class FederationServer:
         last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
                 for r in self.rows if r["round"] == self.config.rounds}
         final = {site: last[site] for site in self.config.sites if site in last}
-        table = site_table(final)  # type: ignore[arg-type]
+        first = next(iter(final.values()), {})
+        columns = [k for k in first if k.startswith("test_") and k != "test_loss"]
+        table = site_table(final, (*columns, "num_examples"))  # type: ignore[arg-type]
         results = {"strategy": self.strategy.label, "rounds": self.config.rounds,
                    "rows": self.rows, "final": final, "table": table,
                    "parent_run_id": self.tracker.parent_id,
