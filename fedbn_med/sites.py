@@ -58,34 +58,34 @@ def available_sites(directory: Path | None = None) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.toml"))
 
 
-def _parse(path: Path) -> SiteConfig:
+def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
+    """Read a site TOML file, refusing broken TOML and unknown keys."""
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
-    unknown = set(raw) - _KEYS
+    unknown = set(raw) - valid_keys
     if unknown:
         raise ValueError(
-            f"Site file {path} has unknown keys {sorted(unknown)}. Valid keys: {sorted(_KEYS)}."
+            f"Site file {path} has unknown keys {sorted(unknown)}. "
+            f"Valid keys: {sorted(valid_keys)}."
         )
-    name = raw.get("name", path.stem)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"Site file {path}: 'name' must be a non-empty string, got {name!r}.")
-    ids = raw.get("abide_site_ids")
-    if (not isinstance(ids, list) or not ids
-            or not all(isinstance(i, str) and i for i in ids)):
-        raise ValueError(
-            f"Site file {path}: 'abide_site_ids' must be a non-empty list of ABIDE SITE_ID "
-            f"strings such as [\"UCLA_1\"], got {ids!r}."
-        )
-    data_dir = raw.get("data_dir", "")
-    if not isinstance(data_dir, str):
-        raise ValueError(f"Site file {path}: 'data_dir' must be a string, got {data_dir!r}.")
-    resolved = None
-    if data_dir:
-        resolved = Path(data_dir).expanduser()
-        if not resolved.is_absolute():
-            resolved = (path.parent / resolved).resolve()
+    return raw
+
+
+def site_path(raw: dict[str, object], key: str, path: Path) -> Path | None:
+    """Return a path entry resolved from the site file's folder (None when empty)."""
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"Site file {path}: '{key}' must be a string, got {value!r}.")
+    if not value:
+        return None
+    resolved = Path(value).expanduser()
+    return resolved if resolved.is_absolute() else (path.parent / resolved).resolve()
+
+
+def site_seed_and_device(raw: dict[str, object], path: Path) -> tuple[int, str]:
+    """Return the validated ``split_seed`` and ``device`` entries."""
     seed = raw.get("split_seed", 0)
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(
@@ -99,9 +99,26 @@ def _parse(path: Path) -> SiteConfig:
             f"Site file {path}: 'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N', "
             f"got {device!r}."
         )
+    return seed, device
+
+
+def _parse(path: Path) -> SiteConfig:
+    raw = read_site_file(path, _KEYS)
+    name = raw.get("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"Site file {path}: 'name' must be a non-empty string, got {name!r}.")
+    ids = raw.get("abide_site_ids")
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(i, str) and i for i in ids)):
+        raise ValueError(
+            f"Site file {path}: 'abide_site_ids' must be a non-empty list of ABIDE SITE_ID "
+            f"strings such as [\"UCLA_1\"], got {ids!r}."
+        )
+    seed, device = site_seed_and_device(raw, path)
     return SiteConfig(
-        name=name, abide_site_ids=tuple(ids), data_dir=resolved, split_seed=seed,
-        device=device, institution=str(raw.get("institution", "")), source=path,
+        name=name, abide_site_ids=tuple(ids), data_dir=site_path(raw, "data_dir", path),
+        split_seed=seed, device=device, institution=str(raw.get("institution", "")),
+        source=path,
     )
 
 

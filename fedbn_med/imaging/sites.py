@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedbn_med.sites import sites_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from fedbn_med.sites import read_site_file, site_path, site_seed_and_device, sites_dir
 
 __all__ = ["ImagingSite", "available_imaging_sites", "load_imaging_site"]
 
@@ -59,31 +53,9 @@ def load_imaging_site(task: str, name: str, directory: Path | None = None) -> Im
         valid = available_imaging_sites(task, directory)
         raise ValueError(f"Unknown {task} site '{name}'. Valid sites: "
                          f"{', '.join(valid) or '(none)'} (one TOML file per site in {folder}).")
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
-    unknown = set(raw) - _KEYS
-    if unknown:
-        raise ValueError(f"Site file {path} has unknown keys {sorted(unknown)}. "
-                         f"Valid keys: {sorted(_KEYS)}.")
-    datalist = raw.get("datalist", "")
-    if not isinstance(datalist, str):
-        raise TypeError(f"Site file {path}: 'datalist' must be a string path, got {datalist!r}.")
-    resolved = None
-    if datalist:
-        resolved = Path(datalist).expanduser()
-        if not resolved.is_absolute():
-            resolved = (path.parent / resolved).resolve()
-    seed = raw.get("split_seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"Site file {path}: 'split_seed' must be a non-negative integer, "
-                         f"got {seed!r}.")
-    device = raw.get("device", "auto")
-    if not isinstance(device, str) or not (device in ("auto", "cpu", "cuda")
-                                           or device.startswith("cuda:")):
-        raise ValueError(f"Site file {path}: 'device' must be 'auto', 'cpu', 'cuda' or "
-                         f"'cuda:N', got {device!r}.")
+    raw = read_site_file(path, _KEYS)
+    resolved = site_path(raw, "datalist", path)
+    seed, device = site_seed_and_device(raw, path)
     return ImagingSite(name=str(raw.get("name", name)), datalist=resolved, split_seed=seed,
                        device=device, institution=str(raw.get("institution", "")),
                        source=path)
