@@ -15,7 +15,7 @@ from fedbn_med.federation.launcher import LocalFederation
 
 pytestmark = pytest.mark.integration
 
-SITES = ("NYU", "UM", "USM")
+SITES = ("NYU", "UM", "USM", "UCLA")
 
 
 class _Stop(Exception):
@@ -41,7 +41,7 @@ def _metric_steps(store, metric="test_accuracy"):
 
 @pytest.fixture(scope="module")
 def fed(small_cohort, tmp_path_factory):
-    """A SuperLink and three site processes; the tests below kill parts of it."""
+    """A SuperLink and four site processes; the tests below kill parts of it."""
     with LocalFederation(tmp_path_factory.mktemp("faults")) as federation:
         federation.start_superlink()
         for site in SITES:
@@ -66,7 +66,7 @@ def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort
             fed.start_site("USM", data_dir=small_cohort, device="cpu", threads=1)
 
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
-        "min-sites": 2, "round-timeout": 6.0, "federation-id": "faults-1"}),
+        "min-sites": 3, "round-timeout": 6.0, "federation-id": "faults-1"}),
         results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
 
@@ -124,23 +124,23 @@ def test_server_killed_after_round_3_resumes_without_gaps_or_duplicates(fed, sma
 def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
     # Enough rounds for the new site's process to start (import torch, load its data).
     rounds = 15
-    config = ExperimentConfig(strategy="fedbn", rounds=rounds, sites=SITES[:2],
+    config = ExperimentConfig(strategy="fedbn", rounds=rounds, sites=SITES[:3],
                               data_dir=small_cohort)
-    fed.stop_process("site-USM")
+    fed.stop_process("site-UCLA")
     events = []
 
     def on_event(event):
         events.append(event)
-        if event["event"] == "ready":  # round 1 starts without USM
-            fed.start_site("USM", data_dir=small_cohort, device="cpu", threads=1)
+        if event["event"] == "ready":  # round 1 starts without UCLA
+            fed.start_site("UCLA", data_dir=small_cohort, device="cpu", threads=1)
 
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
         "allow-join": True, "federation-id": "join"}), results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
-    joined = [e for e in events if e["event"] == "joined" and e["site"] == "USM"]
+    joined = [e for e in events if e["event"] == "joined" and e["site"] == "UCLA"]
     assert joined and joined[0]["resumed_round"] == 0
-    first = min(r["round"] for r in results["rows"] if r["site"] == "USM")
+    first = min(r["round"] for r in results["rows"] if r["site"] == "UCLA")
     assert first > 1
     _, steps = _metric_steps(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert steps["USM"] == list(range(first, rounds + 1))
+    assert steps["UCLA"] == list(range(first, rounds + 1))
     assert steps["NYU"] == list(range(1, rounds + 1))

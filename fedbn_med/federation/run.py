@@ -40,6 +40,7 @@ class FlowerOptions:
     round_timeout: float = 600.0
     resume: bool = False
     allow_join: bool = False
+    input_shape: tuple[int, ...] = ()
     federation_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     tls: TlsFiles | None = None
     node_auth: bool = False
@@ -91,7 +92,8 @@ def _run_config(config: ExperimentConfig, options: FlowerOptions) -> dict[str, o
             "workdir": str(options.workdir), "tracking-uri": options.tracking_uri,
             "federation-id": options.federation_id, "min-sites": options.min_sites,
             "wait-timeout": options.wait_timeout, "round-timeout": options.round_timeout,
-            "resume": options.resume, "allow-join": options.allow_join}
+            "resume": options.resume, "allow-join": options.allow_join,
+            "input-shape": ",".join(str(d) for d in options.input_shape)}
 
 
 def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,

@@ -203,6 +203,9 @@ def pipeline_main(task_name: str, defaults: PipelineDefaults, description: str,
     p.add_argument("--device", default="auto")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--engine", choices=("inprocess", "flower"), default="inprocess",
+                   help="inprocess: every site in this process; flower: a SuperLink on "
+                        "127.0.0.1 and one process per site")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = ExperimentConfig(
@@ -212,6 +215,31 @@ def pipeline_main(task_name: str, defaults: PipelineDefaults, description: str,
         extra={"image_size": str(args.image_size), "subjects": str(args.subjects)},
     )
     strategies = [s for s in args.compare.split(",") if s] or [args.strategy]
-    _, report = run_pipeline(task_name, config, strategies, tracking_uri=args.tracking_uri,
-                             data_dir=args.data_dir)
+    if args.engine == "flower":
+        report = _run_over_flower(task_name, config, strategies, args)
+    else:
+        _, report = run_pipeline(task_name, config, strategies,
+                                 tracking_uri=args.tracking_uri, data_dir=args.data_dir)
     print(report)
+
+
+def _run_over_flower(task_name: str, config: ExperimentConfig, strategies: Sequence[str],
+                     args: object) -> str:
+    """Run the strategies over Flower: one SuperLink, one process per site, same tracking."""
+    import time
+
+    from fedbn_med.federation.run import FlowerOptions, run_flower
+    from fedbn_med.paths import resolve_data_dir
+    from fedbn_med.tracking import default_tracking_uri
+
+    size = int(config.extra["image_size"])
+    data_dir = getattr(args, "data_dir", None)
+    options = FlowerOptions(
+        workdir=resolve_data_dir() / "runs" / f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}",
+        tracking_uri=getattr(args, "tracking_uri", None) or default_tracking_uri(),
+        task=task_name, input_shape=(1, size, size))
+    configs = [config.replace(strategy=name) for name in strategies]
+    dirs = {site: data_dir for site in config.sites} if data_dir is not None else None
+    results = run_flower(configs, options, data_dirs=dirs, device=config.device)
+    return "\n\n".join(f"## {r['strategy']} ({config.rounds} rounds, Flower)\n\n{r['table']}"
+                        for r in results)
