@@ -247,19 +247,7 @@ class SiteTrainer(ClientAlgo):
             The site's new exchanged weights, its number of training examples and
             ``{"train_loss": ...}``.
         """
-        weights = data.weights if isinstance(data, ExchangeObject) else data
-        config = dict(extra or {})
-        rnd = int(config.get("round", self.rounds_trained + 1))
-        epochs = int(config.get("local_epochs", self.local_epochs))
-        if epochs < 1:
-            raise ValueError(f"local_epochs must be at least 1, got {epochs}.")
-        self.load_shared(weights or {})
-        anchor = (
-            {k: v.detach().clone() for k, v in self.model.state_dict().items()
-             if k in self.exchanged}
-            if self.strategy.mu > 0 else {}
-        )
-        torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
+        rnd, epochs, anchor = self._begin_round(data, extra)
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
         x, y = self.data.train
         n = x.shape[0]
@@ -284,11 +272,39 @@ class SiteTrainer(ClientAlgo):
                 loss.backward()
                 self._sgd_step(params)
                 losses.append(float(loss.detach()))
+        return self._end_round(rnd, n, losses)
+
+    def _begin_round(
+        self, data: Mapping[str, torch.Tensor] | ExchangeObject, extra: dict | None
+    ) -> tuple[int, int, Weights]:
+        """Load the global weights and seed the round; return (round, epochs, anchor).
+
+        The anchor holds the received values of the exchanged keys when a proximal term
+        is used. Subclasses that batch differently call this and :meth:`_end_round`.
+        """
+        weights = data.weights if isinstance(data, ExchangeObject) else data
+        config = dict(extra or {})
+        rnd = int(config.get("round", self.rounds_trained + 1))
+        epochs = int(config.get("local_epochs", self.local_epochs))
+        if epochs < 1:
+            raise ValueError(f"local_epochs must be at least 1, got {epochs}.")
+        self.load_shared(weights or {})
+        anchor = (
+            {k: v.detach().clone() for k, v in self.model.state_dict().items()
+             if k in self.exchanged}
+            if self.strategy.mu > 0 else {}
+        )
+        torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
+        return rnd, epochs, anchor
+
+    def _end_round(self, rnd: int, num_examples: int, losses: list[float]
+                   ) -> tuple[Weights, int, dict[str, float]]:
+        """Record the round and return ``(shared_weights, num_examples, metrics)``."""
         self.rounds_trained = rnd
         train_loss = float(np.mean(losses)) if losses else math.nan
         if not math.isfinite(train_loss):
             logger.warning("Site %s: training loss is %s in round %d", self.site, train_loss, rnd)
-        return self.shared_weights(), n, {"train_loss": train_loss}
+        return self.shared_weights(), num_examples, {"train_loss": train_loss}
 
     @torch.no_grad()
     def _sgd_step(self, params: list[torch.nn.Parameter]) -> None:

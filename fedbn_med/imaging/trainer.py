@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -144,16 +143,7 @@ class ImageTrainer(SiteTrainer):
 
         Same contract as :meth:`SiteTrainer.train`; ``num_examples`` counts training items.
         """
-        weights = data.weights if isinstance(data, ExchangeObject) else data
-        config = dict(extra or {})
-        rnd = int(config.get("round", self.rounds_trained + 1))
-        epochs = int(config.get("local_epochs", self.local_epochs))
-        if epochs < 1:
-            raise ValueError(f"local_epochs must be at least 1, got {epochs}.")
-        self.load_shared(weights or {})
-        anchor = ({k: v.detach().clone() for k, v in self.model.state_dict().items()
-                   if k in self.exchanged} if self.strategy.mu > 0 else {})
-        torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
+        rnd, epochs, anchor = self._begin_round(data, extra)
         _seed_transforms(self.data.train, derive_seed(self.seed, self.site, rnd, "augment"))
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
         loader = DataLoader(self.data.train, batch_size=self.batch_size, shuffle=True,
@@ -177,11 +167,7 @@ class ImageTrainer(SiteTrainer):
                 scaler.step(optimiser)
                 scaler.update()
                 losses.append(float(loss.detach()))
-        self.rounds_trained = rnd
-        train_loss = float(np.mean(losses)) if losses else math.nan
-        if not math.isfinite(train_loss):
-            logger.warning("Site %s: training loss is %s in round %d", self.site, train_loss, rnd)
-        return self.shared_weights(), self.data.num_train, {"train_loss": train_loss}
+        return self._end_round(rnd, self.data.num_train, losses)
 
     def evaluate(self, data: Mapping[str, torch.Tensor] | ExchangeObject | None = None,
                  extra: dict | None = None) -> dict[str, float] | ExchangeObject:
