@@ -13,18 +13,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from fedbn_med.data.abide import load_site_features
-from fedbn_med.data.cohort import DEFAULT_SITE_IDS, ensure_cohort
-from fedbn_med.data.splits import site_splits
-from fedbn_med.driver import History, run_in_process
 from fedbn_med.model import AbideMLP
 from fedbn_med.sites import SiteConfig, load_sites
 from fedbn_med.strategies import Strategy, get_strategy
 from fedbn_med.tasks import Task, register_task
-from fedbn_med.trainer import SiteData, SiteTrainer
+
+if TYPE_CHECKING:  # the data and training stack loads only where a site trains
+    from fedbn_med.driver import History
+    from fedbn_med.trainer import SiteData, SiteTrainer
 
 __all__ = [
     "ExperimentConfig",
@@ -104,12 +105,18 @@ def resolve_site_data_dir(site: SiteConfig, config: ExperimentConfig) -> Path:
         return Path(config.data_dir)
     if site.data_dir is not None:
         return site.data_dir
+    from fedbn_med.data.cohort import DEFAULT_SITE_IDS, ensure_cohort
+
     wanted = tuple(dict.fromkeys((*DEFAULT_SITE_IDS, *site.abide_site_ids)))
     return ensure_cohort(sites=wanted, site_effect=config.site_effect)
 
 
 def prepare_site_data(site: SiteConfig, config: ExperimentConfig) -> SiteData:
     """Load a site's connectivity features and split them for this run's fold."""
+    from fedbn_med.data.abide import load_site_features
+    from fedbn_med.data.splits import site_splits
+    from fedbn_med.trainer import SiteData
+
     data_dir = resolve_site_data_dir(site, config)
     feats = load_site_features(data_dir, site.abide_site_ids, name=site.name)
     split = site_splits(feats.labels, n_folds=config.n_folds, fold=config.fold,
@@ -135,6 +142,8 @@ def build_trainer(
     device: str | None = None,
 ) -> SiteTrainer:
     """Build the trainer of one site for this run."""
+    from fedbn_med.trainer import SiteTrainer
+
     data = data if data is not None else prepare_site_data(site, config)
     return SiteTrainer(
         site.name, build_model(data.num_features, config), data, config.strategy_obj(),
@@ -146,6 +155,8 @@ def build_trainer(
 
 def pooled_data(datas: Sequence[SiteData]) -> SiteData:
     """Concatenate every site's training data (validation/test stay per site)."""
+    from fedbn_med.trainer import SiteData
+
     xs = torch.cat([d.train[0] for d in datas])
     ys = torch.cat([d.train[1] for d in datas])
     empty = (xs[:0], ys[:0])
@@ -158,6 +169,9 @@ def run_experiment(
     site_configs: Mapping[str, SiteConfig] | None = None,
 ) -> History:
     """Run one federation in this process and return its history."""
+    from fedbn_med.driver import run_in_process
+    from fedbn_med.trainer import SiteTrainer
+
     sites = site_configs or load_sites(list(config.sites))
     datas = {name: prepare_site_data(cfg, config) for name, cfg in sites.items()}
     trainers = {name: build_trainer(sites[name], config, datas[name]) for name in sites}

@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 import mlflow
 from fedbn_med.paths import repo_root
 
-__all__ = ["FederationTracker", "default_tracking_uri"]
+__all__ = ["FederationTracker", "default_tracking_uri", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,12 @@ def default_tracking_uri() -> str:
     store = _REPO / "mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def warm_up(tracking_uri: str | None = None) -> None:
+    """Open the store once (creating or migrating its database) so later calls are quick."""
+    MlflowClient(tracking_uri=tracking_uri or default_tracking_uri()).search_experiments(
+        max_results=1)
 
 
 def _code_version() -> str:
@@ -168,6 +174,26 @@ class FederationTracker:
         )
         self.client.set_tag(self.parent_id, f"round_{rnd:04d}_sites",
                             ",".join(sorted(site_metrics)))
+
+    def log_missing_rounds(self, rows: Iterable[Mapping[str, object]]) -> list[int]:
+        """Log the rounds of ``rows`` that the store lacks (after a crash); return them.
+
+        A round is complete in the store once its parent metric ``sites_participating`` is
+        there (it is written last); a round cut short is completed without writing any
+        (metric, round) twice.
+        """
+        logged = {m.step for m in self.client.get_metric_history(self.parent_id,
+                                                                 "sites_participating")}
+        by_round: dict[int, dict[str, dict[str, float]]] = {}
+        for row in rows:
+            rnd = int(row["round"])  # type: ignore[call-overload]
+            metrics = {k: v for k, v in row.items() if k not in ("round", "site")}
+            by_round.setdefault(rnd, {})[str(row["site"])] = metrics  # type: ignore[assignment]
+        missing = sorted(set(by_round) - logged)
+        for rnd in missing:
+            self.dedupe_next = True
+            self.log_round(rnd, by_round[rnd])
+        return missing
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Store a text artifact (a results table) on the parent run."""

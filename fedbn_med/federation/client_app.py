@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
@@ -90,51 +90,50 @@ def runtime(context: Context) -> SiteRuntime:
     return _RUNTIMES[key]
 
 
-def _metric_record(metrics: dict[str, float]) -> MetricRecord:
-    return MetricRecord({k: float(v) for k, v in metrics.items()})
-
-
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Tell the server who this site is and what its data look like."""
     rt = runtime(context)
-    info = ConfigRecord({
+    info = {
         "site": rt.trainer.site,
         "input-shape": [int(d) for d in rt.trainer.input_shape],
         "num-train": rt.trainer.data.num_train,
         "resumed-round": rt.trainer.rounds_trained,
         "private-hash": rt.kept_hash(),
         "device": str(rt.trainer.device),
-    })
-    return Message(RecordDict({"info": info}), reply_to=msg)
+    }
+    return Message(pack(info=info), reply_to=msg)
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Evaluate the incoming global weights if asked, then train and send the update."""
     rt = runtime(context)
-    cfg = msg.content.config_records.get("config", ConfigRecord())
-    incoming = unpack(msg.content)
-    rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))
-    content = RecordDict()
+    payload = unpack(msg.content)
+    cfg = payload.section("config")
+    rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
+    sections: dict[str, dict] = {}
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation.
-        content["eval"] = _metric_record(rt.trainer.evaluate(incoming))
+        sections["eval"] = _numbers(rt.trainer.evaluate(payload.tensors))
     run_cfg = {"round": rnd}
     if "local-epochs" in cfg:
-        run_cfg["local_epochs"] = int(cfg["local-epochs"])
-    weights, n, fit = rt.trainer.train(incoming, run_cfg)
+        run_cfg["local_epochs"] = int(cfg["local-epochs"])  # type: ignore[arg-type]
+    weights, n, fit = rt.trainer.train(payload.tensors, run_cfg)
     digest = rt.save(rnd)
-    pack(weights, content)
-    content["metrics"] = _metric_record({"num-examples": n, **fit, "setups": rt.setups})
-    content["state"] = ConfigRecord({"private-hash": digest, "round": rnd})
-    return Message(content, reply_to=msg)
+    sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
+    sections["state"] = {"private-hash": digest, "round": rnd}
+    return Message(pack(weights, **sections), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the global weights on this site's validation and test splits."""
     rt = runtime(context)
-    metrics = rt.trainer.evaluate(unpack(msg.content))
-    return Message(RecordDict({"metrics": _metric_record(metrics)}), reply_to=msg)
+    metrics = rt.trainer.evaluate(unpack(msg.content).tensors)
+    return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
+
+
+def _numbers(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()}

@@ -1,75 +1,136 @@
-"""Pack a set of named tensors into as few Flower objects as possible.
+"""Every message of a federation as one Flower record: named tensors plus small sections.
 
-Flower moves every array of a message as its own object, one HTTP request each way; a
-model's state sent key by key costs a dozen round trips per message. We send the
-tensors as one flat float32 vector (and one int64 vector for counters) plus their
-names and shapes, and unpack them on the other side.
+Flower stores each record, array and array chunk of a message as its own object, and
+moves each object with its own HTTP request, each way, through the SuperLink. A round's
+cost on a small model is those requests, not the bytes. So a message here is a single
+``ConfigRecord``: the tensors as two raw little-endian vectors (``float32`` and
+``int64``) with their names and shapes, and the rest (round, metrics, site facts) as
+``section/key`` entries. A message is then three objects (message, record dict, record)
+instead of nine or more.
+
+The bytes of a tensor on the wire are its plain ``float32`` bytes, so a test that looks
+for a tensor's bytes in the traffic finds it if, and only if, it was sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
-__all__ = ["pack", "unpack"]
+__all__ = ["Payload", "pack", "unpack"]
 
+RECORD = "payload"
+_TENSORS = "tensors"
+_FLOAT = np.dtype("<f4")
+_INT = np.dtype("<i8")
 
-def pack(tensors: Mapping[str, torch.Tensor], content: RecordDict, name: str = "arrays") -> None:
-    """Store ``tensors`` in ``content`` under ``name`` (an ArrayRecord and a ConfigRecord)."""
-    keys = list(tensors)
-    floats = [k for k in keys if tensors[k].dtype.is_floating_point]
-    ints = [k for k in keys if not tensors[k].dtype.is_floating_point]
-    arrays: dict[str, torch.Tensor] = {}
-    if floats:
-        arrays["float"] = torch.cat([tensors[k].detach().reshape(-1).to("cpu", torch.float32)
-                                     for k in floats])
-    if ints:
-        arrays["int"] = torch.cat([tensors[k].detach().reshape(-1).to("cpu", torch.int64)
-                                   for k in ints])
-    content[name] = ArrayRecord(torch_state_dict=arrays) if arrays else ArrayRecord()
-    ndims = [tensors[k].dim() for k in floats + ints]
-    dims = [int(d) for k in floats + ints for d in tensors[k].shape]
-    content[f"{name}-layout"] = ConfigRecord({
-        "float-keys": floats, "int-keys": ints, "ndims": ndims, "dims": dims,
-    })
+Scalar = int | float | str | bool | bytes | list
 
 
-def unpack(content: RecordDict, name: str = "arrays") -> dict[str, torch.Tensor]:
-    """Return the tensors stored by :func:`pack` (empty when there are none)."""
-    layout = content.config_records.get(f"{name}-layout")
-    record = content.array_records.get(name)
-    if layout is None or record is None or not len(record):
-        return {}
-    arrays = record.to_torch_state_dict()
-    floats = list(layout.get("float-keys", []))
-    ints = list(layout.get("int-keys", []))
-    ndims = list(layout.get("ndims", []))
-    dims = list(layout.get("dims", []))
+@dataclass
+class Payload:
+    """What a message carries: named tensors and named sections of plain values."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    sections: dict[str, dict[str, Scalar]] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict[str, Scalar]:
+        """Return one section (empty when the message has none of that name)."""
+        return dict(self.sections.get(name, {}))
+
+    def floats(self, name: str) -> dict[str, float]:
+        """Return a section of numbers (metrics) as floats."""
+        return {k: float(v) for k, v in self.sections.get(name, {}).items()}  # type: ignore[arg-type]
+
+
+def pack(tensors: Mapping[str, torch.Tensor] | None = None,
+         **sections: Mapping[str, Scalar]) -> RecordDict:
+    """Return message content holding ``tensors`` and ``sections`` in one record."""
+    entries: dict[str, Scalar] = {}
+    for name, values in sections.items():
+        if name == _TENSORS or "/" in name:
+            raise ValueError(f"'{name}' cannot name a section of a message.")
+        for key, value in values.items():
+            if isinstance(value, (np.floating, np.integer)):
+                value = value.item()
+            entries[f"{name}/{key}"] = value
+    tensors = dict(tensors or {})
+    floats = [k for k in tensors if tensors[k].dtype.is_floating_point]
+    ints = [k for k in tensors if not tensors[k].dtype.is_floating_point]
+    shapes = [tuple(int(d) for d in tensors[k].shape) for k in floats + ints]
+    entries[f"{_TENSORS}/float-keys"] = floats
+    entries[f"{_TENSORS}/int-keys"] = ints
+    entries[f"{_TENSORS}/ndims"] = [len(s) for s in shapes]
+    entries[f"{_TENSORS}/dims"] = [d for s in shapes for d in s]
+    entries[f"{_TENSORS}/float"] = _to_bytes([tensors[k] for k in floats], torch.float32, _FLOAT)
+    entries[f"{_TENSORS}/int"] = _to_bytes([tensors[k] for k in ints], torch.int64, _INT)
+    return RecordDict({RECORD: ConfigRecord(entries)})
+
+
+def _to_bytes(parts: list[torch.Tensor], dtype: torch.dtype, wire: np.dtype) -> bytes:
+    if not parts:
+        return b""
+    flat = torch.cat([p.detach().reshape(-1).to("cpu", dtype) for p in parts])
+    return flat.numpy().astype(wire, copy=False).tobytes()
+
+
+def unpack(content: RecordDict) -> Payload:
+    """Return the tensors and sections stored by :func:`pack`.
+
+    Raises
+    ------
+    ValueError
+        When the content is not a fedbn-med message, or its tensors do not fit their
+        layout (a truncated or tampered message).
+    """
+    record = content.config_records.get(RECORD)
+    if record is None:
+        raise ValueError(f"The message has no '{RECORD}' record; it was not sent by "
+                         f"fedbn-med (records: {sorted(content.keys())}).")
+    payload = Payload()
+    layout: dict[str, Scalar] = {}
+    for full_key, value in record.items():
+        name, _, key = full_key.partition("/")
+        if name == _TENSORS:
+            layout[key] = value
+        else:
+            payload.sections.setdefault(name, {})[key] = value
+    payload.tensors = _tensors(layout)
+    return payload
+
+
+def _tensors(layout: Mapping[str, Scalar]) -> dict[str, torch.Tensor]:
+    floats = [str(k) for k in layout.get("float-keys", [])]  # type: ignore[union-attr]
+    ints = [str(k) for k in layout.get("int-keys", [])]  # type: ignore[union-attr]
+    ndims = [int(n) for n in layout.get("ndims", [])]  # type: ignore[union-attr]
+    dims = [int(d) for d in layout.get("dims", [])]  # type: ignore[union-attr]
+    if len(ndims) != len(floats) + len(ints) or sum(ndims) != len(dims):
+        raise ValueError("The message's tensor layout is inconsistent: "
+                         f"{len(floats) + len(ints)} names, {len(ndims)} ranks, "
+                         f"{len(dims)} dimensions for ranks summing to {sum(ndims)}.")
     shapes: list[tuple[int, ...]] = []
     pos = 0
     for nd in ndims:
-        shapes.append(tuple(int(d) for d in dims[pos:pos + nd]))
+        shapes.append(tuple(dims[pos:pos + nd]))
         pos += nd
     out: dict[str, torch.Tensor] = {}
-    for keys, flat, offset in ((floats, arrays.get("float"), 0),
-                               (ints, arrays.get("int"), len(floats))):
-        if not keys:
-            continue
-        if flat is None:
-            raise ValueError(f"Packed tensors '{name}' lack their {'float' if offset == 0 else 'int'}"
-                             " vector.")
+    for keys, blob, wire, own_shapes, kind in (
+            (floats, layout.get("float", b""), _FLOAT, shapes[:len(floats)], "float"),
+            (ints, layout.get("int", b""), _INT, shapes[len(floats):], "int")):
+        if not isinstance(blob, bytes) or len(blob) % wire.itemsize:
+            raise ValueError(f"The message's {kind} tensor bytes are malformed.")
+        flat = torch.from_numpy(np.frombuffer(blob, dtype=wire).astype(wire.newbyteorder("="),
+                                                                        copy=True))
+        sizes = [int(np.prod(s, dtype=np.int64)) for s in own_shapes]
+        if sum(sizes) != flat.numel():
+            raise ValueError(f"The message carries {flat.numel()} {kind} values but its layout "
+                             f"describes {sum(sizes)} (truncated or tampered).")
         start = 0
-        for i, key in enumerate(keys):
-            shape = shapes[offset + i]
-            size = 1
-            for d in shape:
-                size *= d
-            if start + size > flat.numel():
-                raise ValueError(f"Packed tensors '{name}' are shorter than their layout says.")
+        for key, shape, size in zip(keys, own_shapes, sizes):
             out[key] = flat[start:start + size].reshape(shape).clone()
             start += size
-        if start != flat.numel():
-            raise ValueError(f"Packed tensors '{name}' are longer than their layout says.")
     return out

@@ -18,11 +18,13 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Context, Message, MessageType
 from flwr.serverapp import Grid, ServerApp
 
+from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
 from fedbn_med.experiment import ExperimentConfig
 from fedbn_med.federation.config import ServerSettings, experiment_from_run_config
@@ -31,7 +33,9 @@ from fedbn_med.partition import partition_model
 from fedbn_med.report import convergence_plot, site_table
 from fedbn_med.strategies import weighted_average
 from fedbn_med.tasks import get_task
-from fedbn_med.tracking import FederationTracker
+
+if TYPE_CHECKING:
+    from fedbn_med.tracking import FederationTracker
 
 __all__ = ["FastGrid", "FederationServer", "app", "validate_update"]
 
@@ -51,16 +55,24 @@ def _shorten_object_pull_backoff() -> None:
 
 
 class FastGrid:
-    """Send messages and collect replies, polling every ``poll`` seconds.
+    """Send messages and collect replies, polling often but not needlessly.
 
     Flower's own ``send_and_receive`` looks for replies every 3 s, which would dominate a
-    round whose compute takes a fraction of a second.
+    round whose compute takes a fraction of a second. Here the first look waits for most
+    of the time the first reply took last time (at most ``max_first`` seconds), then looks
+    every ``poll`` seconds, growing to ``max_poll`` while nothing comes. Every look is an
+    HTTP request through the SuperLink, which the sites need for their own traffic.
     """
 
-    def __init__(self, grid: Grid, poll: float = 0.01, max_poll: float = 0.2) -> None:
+    def __init__(self, grid: Grid, poll: float = 0.01, max_poll: float = 0.2,
+                 share: float = 0.7, max_first: float = 1.0) -> None:
         self.grid = grid
         self.poll = poll
         self.max_poll = max_poll
+        self.share = share
+        self.max_first = max_first
+        self.first_reply: dict[str, float] = {}  # by message type
+        self.empty_polls = 0
 
     def node_ids(self) -> list[int]:
         """Return the IDs of the nodes connected now."""
@@ -68,15 +80,24 @@ class FastGrid:
 
     def send(self, messages: Iterable[Message], timeout: float) -> list[Message]:
         """Push messages and return the replies that arrive within ``timeout`` seconds."""
-        pending = {i for i in self.grid.push_messages(list(messages)) if i}
-        deadline = time.monotonic() + timeout
+        messages = list(messages)
+        kind = messages[0].metadata.message_type if messages else ""
+        sent = time.monotonic()
+        pending = {i for i in self.grid.push_messages(messages) if i}
+        deadline = sent + timeout
         replies: list[Message] = []
+        head_start = min(self.max_first, self.share * self.first_reply.get(kind, 0.0))
+        time.sleep(max(0.0, min(deadline, sent + head_start) - time.monotonic()))
         wait = self.poll
         while pending and time.monotonic() < deadline:
             got = list(self.grid.pull_messages(list(pending)))
+            if got and not replies:
+                self.first_reply[kind] = time.monotonic() - sent
             replies.extend(got)
             pending -= {m.metadata.reply_to_message_id for m in got}
             if pending:
+                if not got:
+                    self.empty_polls += 1
                 time.sleep(wait)
                 wait = self.poll if got else min(self.max_poll, wait * 1.5)
         return replies
@@ -135,6 +156,7 @@ class FederationServer:
         self.checkpoint = self.workdir / "server" / "global.safetensors"
         self.start_round = 1
         self.tracker: FederationTracker | None = None
+        self.worker: SerialWorker | None = None
 
     # -- set-up --------------------------------------------------------------------------
     def _event(self, **event: object) -> None:
@@ -164,8 +186,10 @@ class FederationServer:
             time.sleep(0.2)
         self._event(event="ready", sites=sorted(set(self.sites.values())))
 
-    def _query_new_nodes(self) -> None:
-        new = [n for n in self.grid.node_ids() if n not in self.asked]
+    def _query_new_nodes(self) -> list[int]:
+        """Ask nodes not seen before which site they are; return the connected nodes."""
+        connected = self.grid.node_ids()
+        new = [n for n in connected if n not in self.asked]
         if new:
             self.asked.update(new)
             answered = self._query(new)
@@ -175,10 +199,11 @@ class FederationServer:
                 self.query_attempts[node] = self.query_attempts.get(node, 0) + 1
                 if self.query_attempts[node] < 3:
                     self.asked.discard(node)
+        return connected
 
     def _query(self, node_ids: list[int]) -> set[int]:
-        messages = [Message(RecordDict({"config": ConfigRecord({})}), dst_node_id=n,
-                            message_type=MessageType.QUERY) for n in node_ids]
+        messages = [Message(pack(), dst_node_id=n, message_type=MessageType.QUERY)
+                    for n in node_ids]
         answered: set[int] = set()
         timeout = min(self.settings.wait_timeout, 30.0)
         for reply in self.grid.send(messages, timeout=timeout):
@@ -188,9 +213,14 @@ class FederationServer:
                 logger.error("Node %s failed to start its site: %s", node, reply.error.reason)
                 self._event(event="site-error", node=node, reason=reply.error.reason)
                 continue
-            info = reply.content.config_records["info"]
-            site = str(info["site"])
-            shape = tuple(int(d) for d in info["input-shape"])
+            try:
+                info = unpack(reply.content).section("info")
+                site = str(info["site"])
+            except (ValueError, KeyError) as err:
+                logger.error("Node %s answered the query with a malformed message: %s", node,
+                             err)
+                continue
+            shape = tuple(int(d) for d in info["input-shape"])  # type: ignore[union-attr]
             if site not in self.config.sites and not self.settings.allow_join:
                 logger.error("Node %s is site '%s', which is not in this federation (%s); "
                              "ignored (allow-join is off).", node, site,
@@ -234,37 +264,50 @@ class FederationServer:
 
     # -- rounds --------------------------------------------------------------------------
     def _message(self, node: int, mtype: str, rnd: int, evaluate_first: bool) -> Message:
-        content = RecordDict({"config": ConfigRecord({
+        content = pack(self.global_weights, config={
             "round": rnd, "local-epochs": self.config.local_epochs,
-            "evaluate-first": evaluate_first})})
-        pack(self.global_weights, content)
+            "evaluate-first": evaluate_first})
         return Message(content, dst_node_id=node, message_type=mtype, group_id=str(rnd))
 
-    def _live_nodes(self) -> dict[int, str]:
-        connected = set(self.grid.node_ids())
+    def _live_nodes(self, connected: Iterable[int] | None = None) -> dict[int, str]:
+        connected = set(self.grid.node_ids() if connected is None else connected)
         return {n: s for n, s in self.sites.items() if n in connected}
 
     def run(self) -> None:
         """Run every round, then the final evaluation; write results and track them."""
         parent_id = self.resume() if self.settings.resume else None
-        self.discover()
-        self.tracker = FederationTracker(
-            self.settings.experiment or self.task.experiment, self.strategy.label,
-            {**self.config.params(), "min_sites": self.settings.min_sites,
-             "federation_id": self.settings.federation_id, "engine": "flower"},
-            sorted(set(self.sites.values())),
-            tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
-        )
-        if parent_id is not None:
-            self.tracker.dedupe_next = True  # a round may have been logged before the crash
-        for rnd in range(self.start_round, self.config.rounds + 1):
-            self.pending = self._round(rnd, self.pending)
-        self._close(self.pending)
+        self.worker = SerialWorker()
+        try:
+            # Import MLflow and open its store while the sites connect.
+            self.worker.submit(_warm_up_tracking, self.settings.tracking_uri or None)
+            self.discover()
+            self.worker.flush()
+            from fedbn_med.tracking import FederationTracker
+
+            self.tracker = FederationTracker(
+                self.settings.experiment or self.task.experiment, self.strategy.label,
+                {**self.config.params(), "min_sites": self.settings.min_sites,
+                 "federation_id": self.settings.federation_id, "engine": "flower"},
+                sorted(set(self.sites.values())),
+                tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
+            )
+            if parent_id is not None:
+                # Rounds the checkpoint holds but the store missed (logging runs behind the
+                # rounds), then a round that may have been logged in part before the crash.
+                caught_up = self.tracker.log_missing_rounds(self.rows)
+                if caught_up:
+                    logger.info("Logged rounds %s to MLflow from the checkpoint", caught_up)
+                self.tracker.dedupe_next = True
+            for rnd in range(self.start_round, self.config.rounds + 1):
+                self.pending = self._round(rnd, self.pending)
+            self._close(self.pending)
+        finally:
+            self.worker.close()
 
     def _round(self, rnd: int, pending: dict[str, dict[str, float]]
                ) -> dict[str, dict[str, float]]:
-        self._query_new_nodes()  # a restarted site rejoins here
-        nodes = self._live_nodes()
+        connected = self._query_new_nodes()  # a restarted site rejoins here
+        nodes = self._live_nodes(connected)
         if len(nodes) < self.settings.min_sites:
             self.discover()
             nodes = self._live_nodes()
@@ -282,15 +325,19 @@ class FederationServer:
             if reply.has_error():
                 logger.error("Round %d: site %s failed: %s", rnd, site, reply.error.reason)
                 continue
-            content = reply.content
-            if "eval" in content.metric_records:
-                evals[site] = {k: float(v) for k, v in content.metric_records["eval"].items()}
-            metrics = {k: float(v) for k, v in content.metric_records["metrics"].items()}
             try:
-                weights = unpack(content)
-            except ValueError as err:
+                payload = unpack(reply.content)
+                metrics = payload.floats("metrics")
+                num_examples = int(metrics["num-examples"])
+                fits_row = {"num_examples": metrics["num-examples"],
+                            "train_loss": metrics["train_loss"],
+                            "setups": metrics.get("setups", 0.0)}
+            except (ValueError, KeyError) as err:
                 logger.warning("Round %d: update of site %s left out: %s", rnd, site, err)
                 continue
+            weights = payload.tensors
+            if "eval" in payload.sections:
+                evals[site] = payload.floats("eval")
             if self.strategy.exchanges:
                 reason = validate_update(site, weights, self.template, self.partition.private
                                          if self.strategy.keeps_private else ())
@@ -300,11 +347,10 @@ class FederationServer:
                     logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
                     self._event(event="update-refused", round=rnd, site=site, reason=reason)
                     continue
-                updates.append((site, weights, int(metrics["num-examples"])))
-            if "state" in content.config_records:
-                hashes[site] = str(content.config_records["state"]["private-hash"])
-            fits[site] = {"num_examples": metrics["num-examples"],
-                          "train_loss": metrics["train_loss"], "setups": metrics["setups"]}
+                updates.append((site, weights, num_examples))
+            if "state" in payload.sections:
+                hashes[site] = str(payload.section("state").get("private-hash", ""))
+            fits[site] = fits_row
         missing = sorted(set(nodes.values()) - set(fits))
         if len(fits) < self.settings.min_sites:
             raise RuntimeError(
@@ -318,6 +364,7 @@ class FederationServer:
             self._complete(rnd - 1, pending, evals)
         self._save_checkpoint(rnd, fits)
         self._event(event="trained", round=rnd, seconds=time.monotonic() - started,
+                    empty_polls=self.grid.empty_polls,
                     sites=sorted(fits), missing=missing, private_hashes=hashes)
         return fits
 
@@ -344,8 +391,8 @@ class FederationServer:
         self.rows = [r for r in self.rows if r["round"] != rnd]
         for site, metrics in round_metrics.items():
             self.rows.append({"round": rnd, "site": site, **metrics})
-        assert self.tracker is not None
-        self.tracker.log_round(rnd, round_metrics)
+        assert self.tracker is not None and self.worker is not None
+        self.worker.submit(self.tracker.log_round, rnd, round_metrics)
         self._event(event="round", round=rnd, sites=round_metrics)
 
     def _save_checkpoint(self, rnd: int, fits: Mapping[str, Mapping[str, float]]) -> None:
@@ -367,10 +414,14 @@ class FederationServer:
         for reply in replies:
             site = nodes.get(reply.metadata.src_node_id)
             if site is not None and not reply.has_error():
-                evals[site] = {k: float(v) for k, v in reply.content.metric_records["metrics"].items()}
+                try:
+                    evals[site] = unpack(reply.content).floats("metrics")
+                except ValueError as err:
+                    logger.warning("Final evaluation of site %s left out: %s", site, err)
         if pending:
             self._complete(self.config.rounds, pending, evals)
-        assert self.tracker is not None
+        assert self.tracker is not None and self.worker is not None
+        self.worker.flush()
         last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
                 for r in self.rows if r["round"] == self.config.rounds}
         final = {site: last[site] for site in self.config.sites if site in last}
@@ -394,6 +445,12 @@ class FederationServer:
                 self.partition.private if self.strategy.keeps_private else ())
         self.tracker.finish()
         self._event(event="done", table=table)
+
+
+def _warm_up_tracking(tracking_uri: str | None) -> None:
+    from fedbn_med.tracking import warm_up
+
+    warm_up(tracking_uri)
 
 
 @app.main()
