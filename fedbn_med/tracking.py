@@ -17,11 +17,11 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
@@ -33,6 +33,7 @@ __all__ = ["FederationTracker", "default_tracking_uri", "warm_up"]
 logger = logging.getLogger(__name__)
 
 _REPO = repo_root()
+_BATCH = 1000  # MLflow takes at most 1000 metrics per batch
 
 
 def default_tracking_uri() -> str:
@@ -156,24 +157,40 @@ class FederationTracker:
 
     def log_round(self, rnd: int, site_metrics: Mapping[str, Mapping[str, float]]) -> None:
         """Log each site's metrics at ``step = rnd`` and which sites took part."""
+        self.log_rounds([(rnd, site_metrics)])
+
+    def log_rounds(self, rounds: Sequence[tuple[int, Mapping[str, Mapping[str, float]]]]
+                   ) -> None:
+        """Log several rounds at once: one write per run rather than one per round.
+
+        The parent run's metrics go last: a round whose ``sites_participating`` is in the
+        store is complete there (see :meth:`log_missing_rounds`).
+        """
+        if not rounds:
+            return
         ts = int(time.time() * 1000)
         dedupe, self.dedupe_next = self.dedupe_next, False
-        for site, metrics in site_metrics.items():
-            run_id = self.site_runs.get(site) or self.add_site(site, first_round=rnd)
-            batch = _finite_metrics(metrics, rnd, ts)
-            if dedupe:  # after a resume: never log a (metric, round) twice
-                logged = {m.key for m in batch for h in self.client.get_metric_history(
-                    run_id, m.key) if h.step == rnd}
-                batch = [m for m in batch if m.key not in logged]
-            if batch:
-                self.client.log_batch(run_id, metrics=batch)
-        self.client.log_batch(
-            self.parent_id,
-            metrics=[Metric("sites_participating", float(len(site_metrics)), ts, rnd)]
-            + _finite_metrics(_mean_metrics(site_metrics), rnd, ts),
-        )
-        self.client.set_tag(self.parent_id, f"round_{rnd:04d}_sites",
-                            ",".join(sorted(site_metrics)))
+        per_run: dict[str, list[Metric]] = {}
+        parent: list[Metric] = []
+        tags: list[RunTag] = []
+        for i, (rnd, site_metrics) in enumerate(rounds):
+            for site, metrics in site_metrics.items():
+                run_id = self.site_runs.get(site) or self.add_site(site, first_round=rnd)
+                batch = _finite_metrics(metrics, rnd, ts)
+                if dedupe and i == 0:  # after a resume: never log a (metric, round) twice
+                    logged = {m.key for m in batch for h in self.client.get_metric_history(
+                        run_id, m.key) if h.step == rnd}
+                    batch = [m for m in batch if m.key not in logged]
+                per_run.setdefault(run_id, []).extend(batch)
+            parent += [Metric("sites_participating", float(len(site_metrics)), ts, rnd),
+                       *_finite_metrics(_mean_metrics(site_metrics), rnd, ts)]
+            tags.append(RunTag(f"round_{rnd:04d}_sites", ",".join(sorted(site_metrics))))
+        for run_id, batch in per_run.items():
+            for start in range(0, len(batch), _BATCH):
+                self.client.log_batch(run_id, metrics=batch[start:start + _BATCH])
+        for start in range(0, max(len(parent), 1), _BATCH):
+            self.client.log_batch(self.parent_id, metrics=parent[start:start + _BATCH],
+                                  tags=tags if start == 0 else [])
 
     def log_missing_rounds(self, rows: Iterable[Mapping[str, object]]) -> list[int]:
         """Log the rounds of ``rows`` that the store lacks (after a crash); return them.

@@ -50,6 +50,58 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+class ForkedSite:
+    """A site process forked by the site host, with the parts of ``Popen`` we use."""
+
+    def __init__(self, pid: int, exit_file: Path) -> None:
+        self.pid = pid
+        self.exit_file = exit_file
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """Return the exit code once the process has ended, else None."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            if psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.NoSuchProcess:
+            pass
+        deadline = time.monotonic() + 1.0  # the host writes the code as it reaps
+        while not self.exit_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        try:
+            self.returncode = int(self.exit_file.read_text().strip())
+        except (OSError, ValueError):
+            self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the process to end; raise ``subprocess.TimeoutExpired`` after timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"site process {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` unless the process has ended."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        """Send SIGTERM."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Send SIGKILL."""
+        self.send_signal(signal.SIGKILL)
+
+
 def _tool(name: str) -> str:
     candidate = _BIN / name
     found = str(candidate) if candidate.exists() else shutil.which(name)
@@ -90,8 +142,10 @@ class LocalFederation:
         self.tls = tls
         self.node_auth = node_auth
         self.netns = netns  # run the server side inside this network namespace
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen | ForkedSite] = {}
         self._runs = 0
+        self._host: subprocess.Popen | None = None
+        self._host_ready = False
         self.flwr_home = self.workdir / "flwr_home"
         self.flwr_home.mkdir(exist_ok=True)
         self.env = {**os.environ, "FLWR_HOME": str(self.flwr_home),
@@ -198,15 +252,68 @@ class LocalFederation:
             cmd += ["--auth-key", str(auth_key)]
         return cmd
 
+    def start_site_host(self, threads: int | None = None) -> None:
+        """Start the site host, which loads the training stack once for every local site.
+
+        Sites started afterwards (without ``netns``) are forked from it instead of
+        importing torch, MONAI and Flower each on their own. See
+        :mod:`fedbn_med.federation.sitehost`.
+        """
+        if self._host is not None and self._host.poll() is None:
+            return
+        env = {**self.env}
+        if threads is not None:  # the libraries size their thread pools as they load
+            env.update({k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                   "OPENBLAS_NUM_THREADS")})
+        log = open(self.workdir / "logs" / "site-host.log", "ab")  # noqa: SIM115
+        self._host = subprocess.Popen(
+            [sys.executable, "-m", "fedbn_med.federation.sitehost"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=log, env=env, cwd=self.workdir, text=True,
+            bufsize=1, start_new_session=True)
+        log.close()
+        self._host_ready = False
+        self.processes["site-host"] = self._host
+
+    def _host_reply(self) -> dict:
+        assert self._host is not None and self._host.stdout is not None
+        line = self._host.stdout.readline()
+        if not line:
+            raise FederationError("The site host stopped:\n" + self.log_tail("site-host"))
+        return json.loads(line)
+
+    def _fork_site(self, name: str, argv: list[str], env: Mapping[str, str] | None
+                   ) -> ForkedSite:
+        assert self._host is not None and self._host.stdin is not None
+        if not self._host_ready:
+            reply = self._host_reply()
+            if not reply.get("ready"):
+                raise FederationError(f"The site host did not start: {reply}")
+            self._host_ready = True
+        logs = self.workdir / "logs"
+        exit_file = logs / f"{name}.exit"
+        exit_file.unlink(missing_ok=True)
+        request = {"argv": argv, "log": str(logs / f"{name}.log"), "exit": str(exit_file),
+                   "env": dict(env or {})}
+        self._host.stdin.write(json.dumps(request) + "\n")
+        self._host.stdin.flush()
+        reply = self._host_reply()
+        if "pid" not in reply:
+            raise FederationError(f"The site host could not start {name}: {reply}")
+        proc = ForkedSite(int(reply["pid"]), exit_file)
+        self.processes[name] = proc
+        return proc
+
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
                    auth_key: Path | None = None, threads: int | None = None,
                    superlink: str | None = None, netns: str | None = None
-                   ) -> subprocess.Popen:
+                   ) -> subprocess.Popen | ForkedSite:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
         cores instead of fighting over them. ``superlink`` overrides the address the site
-        dials (a relay or a proxy in front of the SuperLink).
+        dials (a relay or a proxy in front of the SuperLink). With a site host running
+        (:meth:`start_site_host`) the process is forked from it, unless it must run in a
+        network namespace.
         """
         state_dir = self.workdir / "sites"
         env = None
@@ -214,6 +321,8 @@ class LocalFederation:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         cmd = self.node_command(site, state_dir, data_dir, device, auth_key,
                                 superlink=superlink)
+        if netns is None and self._host is not None and self._host.poll() is None:
+            return self._fork_site(f"site-{site}", cmd[3:], env)
         return self._spawn(f"site-{site}", cmd, extra_env=env, netns=netns)
 
     def wait_sites_ready(self, sites: list[str], timeout: float = 120.0) -> float:
@@ -295,8 +404,14 @@ class LocalFederation:
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
-        for name in [n for n in self.processes if n != "superlink"]:
+        for name in [n for n in self.processes if n not in ("superlink", "site-host")]:
             self.stop_process(name)
+        if self._host is not None and self._host.stdin is not None:
+            try:
+                self._host.stdin.close()  # the host forks no more sites and ends
+            except OSError:
+                pass
+        self.stop_process("site-host")
         self.stop_process("superlink")
 
     def __enter__(self) -> LocalFederation:

@@ -40,6 +40,8 @@ from flwr.supercore.run import RunNotRunningException
 from flwr.supernode import fleet_http_connection
 from flwr.supernode.fleet_http_connection import http_request_response
 
+from fedbn_med.federation.pacing import Pacer
+
 __all__ = ["main", "run_node"]
 
 logger = logging.getLogger("fedbn_med.node")
@@ -103,7 +105,7 @@ def run_node(
     private_key: Path | None = None,
     insecure: bool = True,
     max_wait_time: float | None = 60.0,
-    poll: float = 0.01,
+    poll: float = 0.02,
     max_poll: float = 0.25,
     reconnect_timeout: float = 600.0,
 ) -> None:
@@ -198,16 +200,19 @@ def _serve(conn, client_app, node_config, superlink, poll, max_poll) -> None:
                 node_id)
     print(f"fedbn-med node ready: site={node_config.get('site')} node_id={node_id}",
           flush=True)
-    pacer = _Pacer(poll, max_poll)
+    # The next message comes about a round after this site's reply; wait through most of
+    # that, then ask often (see fedbn_med.federation.pacing).
+    pacer = Pacer(poll=poll, max_poll=max_poll)
     while True:
+        asked_at = time.monotonic()
         try:
             received = receive()
         except RunNotRunningException:
             received = None
         if received is None:
-            pacer.idle()
+            pacer.sleep()
             continue
-        empty_polls = pacer.arrived()
+        empty_polls = pacer.arrived(asked_at)
         head, tree = received
         t_received = time.monotonic()
         run_id = head.metadata.run_id
@@ -244,55 +249,13 @@ def _serve(conn, client_app, node_config, superlink, poll, max_poll) -> None:
                     ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted),
                     lambda oid, content: push_obj(run_id, session, oid, content),
                 )
-            pacer.replied()
+            pacer.start()
             logger.info("%s message: pulled in %.3f s, handled in %.3f s, replied in %.3f s "
                         "(%d empty polls before it)", message.metadata.message_type,
                         started - t_received, runtime, time.monotonic() - started - runtime,
                         empty_polls)
         except RunNotRunningException:
             contexts.pop(run_id, None)
-
-
-class _Pacer:
-    """When to look for the next message: rarely while it cannot be there yet, then often.
-
-    A message comes about one round after this site's last reply (the other sites'
-    training plus the server's aggregation). The first look waits for ``share`` of the
-    shortest of the last few such gaps (at most ``max_first`` seconds); after that the
-    site looks every ``poll`` seconds, growing to ``max_poll`` while nothing comes. Every
-    look is an HTTP request the SuperLink has to answer, so fewer empty looks leave its
-    CPU to the real traffic.
-    """
-
-    def __init__(self, poll: float, max_poll: float, share: float = 0.85,
-                 max_first: float = 1.0, memory: int = 3) -> None:
-        self.poll, self.max_poll, self.share, self.max_first = poll, max_poll, share, max_first
-        self.wait = poll
-        self.gaps: list[float] = []
-        self.memory = memory
-        self.last_reply: float | None = None
-        self.empty = 0
-
-    def idle(self) -> None:
-        """Nothing yet: sleep before the next look."""
-        if self.empty == 0 and self.last_reply is not None and self.gaps:
-            head_start = min(self.max_first, self.share * min(self.gaps))
-            time.sleep(max(0.0, self.last_reply + head_start - time.monotonic()))
-        else:
-            time.sleep(self.wait)
-            self.wait = min(self.max_poll, self.wait * 1.5)
-        self.empty += 1
-
-    def arrived(self) -> int:
-        """A message came; return how many empty looks preceded it."""
-        if self.last_reply is not None:
-            self.gaps = [*self.gaps, time.monotonic() - self.last_reply][-self.memory:]
-        empty, self.empty, self.wait = self.empty, 0, self.poll
-        return empty
-
-    def replied(self) -> None:
-        """The reply has been sent: the next gap starts now."""
-        self.last_reply = time.monotonic()
 
 
 def parse_node_config(text: str) -> dict[str, object]:

@@ -110,13 +110,11 @@ def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
     with LocalFederation(options.workdir, host=options.host, port=options.port,
                          tls=options.tls, node_auth=options.node_auth) as fed:
         started = time.monotonic()
+        # Everything that can start at once does: the site host loads torch and MONAI
+        # while the SuperLink comes up, and the run is submitted before the sites are
+        # ready (the ServerApp waits for them), so its start overlaps theirs.
+        fed.start_site_host(threads=threads)
         fed.start_superlink()
-        for site in sites:
-            fed.start_site(site, data_dir=(data_dirs or {}).get(site), device=device,
-                           threads=threads)
-        fed.wait_sites_ready(sites, timeout=options.wait_timeout)
-        logger.info("SuperLink and %d sites up in %.1f s", len(sites),
-                    time.monotonic() - started)
         for i, config in enumerate(configs):
             run_dir = options.workdir / f"run-{i}-{config.strategy_obj().label}-f{config.fold}"
             run_opts = FlowerOptions(**{**options.__dict__, "workdir": run_dir,
@@ -125,6 +123,13 @@ def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
             progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)
             try:
                 run = fed.submit(_run_config(config, run_opts), results_dir=run_dir)
+                if i == 0:
+                    for site in sites:
+                        fed.start_site(site, data_dir=(data_dirs or {}).get(site),
+                                       device=device, threads=threads)
+                    fed.wait_sites_ready(sites, timeout=options.wait_timeout)
+                    logger.info("SuperLink and %d sites up in %.1f s", len(sites),
+                                time.monotonic() - started)
                 results.append(fed.watch(run, on_event=progress, results_dir=run_dir))
             finally:
                 progress.close()

@@ -28,6 +28,7 @@ from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
 from fedbn_med.experiment import ExperimentConfig
 from fedbn_med.federation.config import ServerSettings, experiment_from_run_config
+from fedbn_med.federation.pacing import Pacer
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import partition_model
 from fedbn_med.report import convergence_plot, site_table
@@ -55,23 +56,20 @@ def _shorten_object_pull_backoff() -> None:
 
 
 class FastGrid:
-    """Send messages and collect replies, polling often but not needlessly.
+    """Send messages and collect their replies, asking for them at the right times.
 
     Flower's own ``send_and_receive`` looks for replies every 3 s, which would dominate a
-    round whose compute takes a fraction of a second. Here the first look waits for most
-    of the time the first reply took last time (at most ``max_first`` seconds), then looks
-    every ``poll`` seconds, growing to ``max_poll`` while nothing comes. Every look is an
-    HTTP request through the SuperLink, which the sites need for their own traffic.
+    round whose compute takes a fraction of a second. Here a :class:`Pacer` per message
+    type learns when replies came in earlier rounds: the first ask comes shortly before
+    the first reply is due, then asks come every ``poll`` seconds while replies are
+    expected, backing off to ``max_poll`` when they are late.
     """
 
-    def __init__(self, grid: Grid, poll: float = 0.01, max_poll: float = 0.2,
-                 share: float = 0.7, max_first: float = 1.0) -> None:
+    def __init__(self, grid: Grid, poll: float = 0.02, max_poll: float = 0.2) -> None:
         self.grid = grid
         self.poll = poll
         self.max_poll = max_poll
-        self.share = share
-        self.max_first = max_first
-        self.first_reply: dict[str, float] = {}  # by message type
+        self.pacers: dict[str, Pacer] = {}
         self.empty_polls = 0
 
     def node_ids(self) -> list[int]:
@@ -82,24 +80,23 @@ class FastGrid:
         """Push messages and return the replies that arrive within ``timeout`` seconds."""
         messages = list(messages)
         kind = messages[0].metadata.message_type if messages else ""
-        sent = time.monotonic()
+        pacer = self.pacers.setdefault(kind, Pacer(poll=self.poll, max_poll=self.max_poll,
+                                                   share=0.8))
+        deadline = time.monotonic() + timeout
         pending = {i for i in self.grid.push_messages(messages) if i}
-        deadline = sent + timeout
+        pacer.start()
         replies: list[Message] = []
-        head_start = min(self.max_first, self.share * self.first_reply.get(kind, 0.0))
-        time.sleep(max(0.0, min(deadline, sent + head_start) - time.monotonic()))
-        wait = self.poll
         while pending and time.monotonic() < deadline:
+            asked_at = time.monotonic()
             got = list(self.grid.pull_messages(list(pending)))
-            if got and not replies:
-                self.first_reply[kind] = time.monotonic() - sent
             replies.extend(got)
             pending -= {m.metadata.reply_to_message_id for m in got}
+            if got and len(replies) == len(got):
+                pacer.arrived(asked_at)  # learn when the first reply comes
+                pacer.first_ask = time.monotonic()  # then keep asking often
             if pending:
-                if not got:
-                    self.empty_polls += 1
-                time.sleep(wait)
-                wait = self.poll if got else min(self.max_poll, wait * 1.5)
+                pacer.sleep()
+        self.empty_polls = sum(p.empty_total for p in self.pacers.values())
         return replies
 
 
@@ -157,6 +154,8 @@ class FederationServer:
         self.start_round = 1
         self.tracker: FederationTracker | None = None
         self.worker: SerialWorker | None = None
+        self._unlogged: list[tuple[int, dict[str, dict[str, float]]]] = []
+        self._handed_over = time.monotonic()
 
     # -- set-up --------------------------------------------------------------------------
     def _event(self, **event: object) -> None:
@@ -391,9 +390,19 @@ class FederationServer:
         self.rows = [r for r in self.rows if r["round"] != rnd]
         for site, metrics in round_metrics.items():
             self.rows.append({"round": rnd, "site": site, **metrics})
-        assert self.tracker is not None and self.worker is not None
-        self.worker.submit(self.tracker.log_round, rnd, round_metrics)
+        self._unlogged.append((rnd, round_metrics))
+        self._hand_over_logging()
         self._event(event="round", round=rnd, sites=round_metrics)
+
+    def _hand_over_logging(self, now: bool = False, every: float = 2.0) -> None:
+        # Rounds go to MLflow in batches, every ``every`` seconds, on the tracking thread:
+        # the store sees each round within seconds, and a round never waits for it. What
+        # a crash leaves unlogged is in the checkpoint and logged on resume.
+        if self._unlogged and (now or time.monotonic() - self._handed_over >= every):
+            assert self.tracker is not None and self.worker is not None
+            self.worker.submit(self.tracker.log_rounds, list(self._unlogged))
+            self._unlogged.clear()
+            self._handed_over = time.monotonic()
 
     def _save_checkpoint(self, rnd: int, fits: Mapping[str, Mapping[str, float]]) -> None:
         # Everything needed to go on after a crash: the global weights of round ``rnd``,
@@ -421,6 +430,7 @@ class FederationServer:
         if pending:
             self._complete(self.config.rounds, pending, evals)
         assert self.tracker is not None and self.worker is not None
+        self._hand_over_logging(now=True)
         self.worker.flush()
         last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
                 for r in self.rows if r["round"] == self.config.rounds}

@@ -1,0 +1,85 @@
+"""When to ask the SuperLink for something that is expected but not there yet.
+
+Flower's Fleet and ServerAppIo APIs are polled: a site asks for its next message, the
+server asks for replies. Every empty ask is an HTTP request the SuperLink must answer on
+the same cores the sites train on, and every late ask delays the round. A :class:`Pacer`
+learns when the awaited thing came the last few times, sleeps through most of the wait,
+asks often around the expected time, and backs off when it is late (an idle federation,
+a site gone).
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["Pacer"]
+
+
+class Pacer:
+    """Pace the asks for one kind of awaited event.
+
+    Parameters
+    ----------
+    poll : float
+        Seconds between asks around the expected time.
+    max_poll : float
+        Longest pause between asks once the event is late.
+    share : float
+        The first ask comes after this share of the shortest recent wait.
+    burst : float
+        Seconds of asking every ``poll`` after the first ask, before backing off.
+    max_first : float
+        Never sleep longer than this before the first ask.
+    memory : int
+        How many recent waits to remember.
+    """
+
+    def __init__(self, poll: float = 0.02, max_poll: float = 0.25, share: float = 0.85,
+                 burst: float = 1.0, max_first: float = 1.0, memory: int = 3) -> None:
+        self.poll, self.max_poll, self.share = poll, max_poll, share
+        self.burst, self.max_first, self.memory = burst, max_first, memory
+        self.waits: list[float] = []
+        self.since: float | None = None
+        self.first_ask: float | None = None
+        self.pause = poll
+        self.empty = 0
+        self.empty_total = 0
+
+    def start(self) -> None:
+        """The wait starts now (the request was sent, the reply pushed)."""
+        self.since = time.monotonic()
+        self.first_ask = None
+        self.pause = self.poll
+        self.empty = 0
+
+    def sleep(self) -> None:
+        """Nothing yet: sleep until the next ask is due."""
+        now = time.monotonic()
+        if self.first_ask is None:
+            self.first_ask = now
+            if self.since is not None and self.waits:
+                head = min(self.max_first, self.share * min(self.waits))
+                self.first_ask = max(now, self.since + head)
+                time.sleep(self.first_ask - now)
+                self.empty += 1
+                self.empty_total += 1
+                return
+        if now - self.first_ask > self.burst:
+            self.pause = min(self.max_poll, self.pause * 1.5)
+        time.sleep(self.pause)
+        self.empty += 1
+        self.empty_total += 1
+
+    def arrived(self, asked_at: float | None = None) -> int:
+        """The event came: remember how long it took; return the empty asks before it.
+
+        ``asked_at`` is when the ask that found it was sent (what came after, such as
+        downloading it, is not part of the wait).
+        """
+        if self.since is not None:
+            at = time.monotonic() if asked_at is None else asked_at
+            self.waits = [*self.waits, at - self.since][-self.memory:]
+        empty = self.empty
+        self.start()
+        self.since = None
+        return empty
