@@ -316,8 +316,8 @@ class LocalFederation:
 
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
                    auth_key: Path | None = None, threads: int | None = None,
-                   superlink: str | None = None, netns: str | None = None
-                   ) -> subprocess.Popen | ForkedSite:
+                   superlink: str | None = None, netns: str | None = None,
+                   max_wait_time: float = 60.0) -> subprocess.Popen | ForkedSite:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
@@ -331,7 +331,7 @@ class LocalFederation:
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         cmd = self.node_command(site, state_dir, data_dir, device, auth_key,
-                                superlink=superlink)
+                                max_wait_time=max_wait_time, superlink=superlink)
         if netns is None and self._host is not None and self._host.poll() is None:
             return self._fork_site(f"site-{site}", cmd[3:], env)
         return self._spawn(f"site-{site}", cmd, extra_env=env, netns=netns)

@@ -126,8 +126,9 @@ def run_node(
     reconnect_timeout : float
         After losing a server it had reached, keep trying this long before giving up.
     poll, max_poll : float
-        Seconds between polls for a new message: ``poll`` right after a message, growing
-        to ``max_poll`` while idle, so idle sites do not load the SuperLink.
+        Seconds between asks for a message that is due, and the longest pause once it is
+        late, so idle sites do not load the SuperLink (see
+        :class:`fedbn_med.federation.pacing.Pacer`).
     """
     from fedbn_med.federation.client_app import app as client_app  # heavy imports, once
 
