@@ -278,7 +278,9 @@ class FederationServer:
         self.worker = SerialWorker()
         try:
             # Import MLflow and open its store while the sites connect.
+            self._event(event="server-started")
             self.worker.submit(_warm_up_tracking, self.settings.tracking_uri or None)
+            self.worker.submit(functools.partial(self._event, event="tracking-warm"))
             self.discover()
             self.worker.flush()
             from fedbn_med.tracking import FederationTracker
@@ -297,6 +299,7 @@ class FederationServer:
                 if caught_up:
                     logger.info("Logged rounds %s to MLflow from the checkpoint", caught_up)
                 self.tracker.dedupe_next = True
+            self._event(event="tracking-ready")
             for rnd in range(self.start_round, self.config.rounds + 1):
                 self.pending = self._round(rnd, self.pending)
             self._close(self.pending)
