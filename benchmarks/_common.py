@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
+from fedbn_med.argtypes import positive_int
+
 if TYPE_CHECKING:
     from fedbn_med.driver import History
     from fedbn_med.experiment import ExperimentConfig
@@ -56,16 +58,6 @@ class Budget:
     folds: int
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def float_list(text: str) -> tuple[float, ...]:
     """Parse a comma-separated list of numbers (an argparse ``type``)."""
     try:
@@ -94,10 +86,10 @@ def make_parser(name: str, description: str, *, full: Budget, quick: Budget
                         help="MLflow store (default: $MLFLOW_TRACKING_URI, else the "
                              "repository's mlflow/mlflow.db)")
     parser.add_argument("--seed", type=int, default=0, help="model and shuffling seed")
-    parser.add_argument("--rounds", type=_positive_int, default=None,
+    parser.add_argument("--rounds", type=positive_int, default=None,
                         help=f"communication rounds (default {full.rounds}; "
                              f"{quick.rounds} with --quick)")
-    parser.add_argument("--folds", type=_positive_int, default=None,
+    parser.add_argument("--folds", type=positive_int, default=None,
                         help=f"runs = test folds 0..N-1 of {N_FOLDS} (default {full.folds}; "
                              f"{quick.folds} with --quick)")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")

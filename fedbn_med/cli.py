@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedbn_med.argtypes import positive_int
 from fedbn_med.experiment import ExperimentConfig
 from fedbn_med.paths import resolve_data_dir
 from fedbn_med.strategies import STRATEGIES
@@ -24,16 +25,6 @@ from fedbn_med.strategies import STRATEGIES
 __all__ = ["build_parser", "main"]
 
 COMPARE_ORDER = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _sites(text: str) -> tuple[str, ...]:
@@ -54,11 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mu", type=float, default=None, help="proximal weight (FedProx, FedBN+prox)")
     p.add_argument("--compare", action="store_true",
                    help="run every strategy and print the paper-style table")
-    p.add_argument("--folds", type=_positive_int, default=1,
+    p.add_argument("--folds", type=positive_int, default=1,
                    help="with --compare: folds to average over (the paper uses 5)")
-    p.add_argument("--rounds", type=_positive_int, default=30)
-    p.add_argument("--local-epochs", type=_positive_int, default=1)
-    p.add_argument("--batch-size", type=_positive_int, default=32)
+    p.add_argument("--rounds", type=positive_int, default=30)
+    p.add_argument("--local-epochs", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fold", type=int, default=0)

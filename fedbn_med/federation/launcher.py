@@ -248,20 +248,26 @@ class LocalFederation:
                      device: str = "auto", auth_key: Path | None = None,
                      max_wait_time: float = 60.0, superlink: str | None = None) -> list[str]:
         """Return the command that runs one site's node against this SuperLink."""
+        return [sys.executable, "-m", "fedbn_med.federation.node",
+                *self._node_args(site, state_dir, data_dir, device, auth_key, max_wait_time,
+                                 superlink)]
+
+    def _node_args(self, site: str, state_dir: Path, data_dir: Path | None, device: str,
+                   auth_key: Path | None, max_wait_time: float, superlink: str | None
+                   ) -> list[str]:
         cfg = f"site='{site}' state-dir='{state_dir}' device='{device}'"
         if data_dir is not None:
             cfg += f" data-dir='{data_dir}'"
         local = f"{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
-        cmd = [sys.executable, "-m", "fedbn_med.federation.node", "--superlink",
-               superlink or local,
-               "--node-config", cfg, "--max-wait-time", str(max_wait_time)]
+        args = ["--superlink", superlink or local, "--node-config", cfg,
+                "--max-wait-time", str(max_wait_time)]
         if self.tls is None:
-            cmd.append("--insecure")
+            args.append("--insecure")
         else:
-            cmd += ["--root-certificates", str(self.tls.ca_cert)]
+            args += ["--root-certificates", str(self.tls.ca_cert)]
         if auth_key is not None:
-            cmd += ["--auth-key", str(auth_key)]
-        return cmd
+            args += ["--auth-key", str(auth_key)]
+        return args
 
     def start_site_host(self, threads: int | None = None) -> None:
         """Start the site host, which loads the training stack once for every local site.
@@ -330,10 +336,12 @@ class LocalFederation:
         env = None
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        if netns is None and self._host is not None and self._host.poll() is None:
+            args = self._node_args(site, state_dir, data_dir, device, auth_key, max_wait_time,
+                                   superlink)
+            return self._fork_site(f"site-{site}", args, env)
         cmd = self.node_command(site, state_dir, data_dir, device, auth_key,
                                 max_wait_time=max_wait_time, superlink=superlink)
-        if netns is None and self._host is not None and self._host.poll() is None:
-            return self._fork_site(f"site-{site}", cmd[3:], env)
         return self._spawn(f"site-{site}", cmd, extra_env=env, netns=netns)
 
     def wait_sites_ready(self, sites: list[str], timeout: float = 120.0) -> float:

@@ -55,20 +55,24 @@ class Pacer:
     def sleep(self) -> None:
         """Nothing yet: sleep until the next ask is due."""
         now = time.monotonic()
-        if self.first_ask is None:
-            self.first_ask = now
-            if self.since is not None and self.waits:
-                head = min(self.max_first, self.share * min(self.waits))
-                self.first_ask = max(now, self.since + head)
-                time.sleep(self.first_ask - now)
-                self.empty += 1
-                self.empty_total += 1
-                return
-        if now - self.first_ask > self.burst:
-            self.pause = min(self.max_poll, self.pause * 1.5)
-        time.sleep(self.pause)
+        if self.first_ask is None and self.since is not None and self.waits:
+            head = min(self.max_first, self.share * min(self.waits))
+            self.first_ask = max(now, self.since + head)
+            pause = self.first_ask - now
+        else:
+            if self.first_ask is None:
+                self.first_ask = now
+            elif now - self.first_ask > self.burst:
+                self.pause = min(self.max_poll, self.pause * 1.5)
+            pause = self.pause
+        time.sleep(pause)
         self.empty += 1
         self.empty_total += 1
+
+    def expect_more(self) -> None:
+        """Part of what is awaited came (the first of several replies): ask often now."""
+        self.first_ask = time.monotonic()
+        self.pause = self.poll
 
     def arrived(self, asked_at: float | None = None) -> int:
         """The event came: remember how long it took; return the empty asks before it.

@@ -93,7 +93,7 @@ class FastGrid:
             pending -= {m.metadata.reply_to_message_id for m in got}
             if got and len(replies) == len(got):
                 pacer.arrived(asked_at)  # learn when the first reply comes
-                pacer.first_ask = time.monotonic()  # then keep asking often
+                pacer.expect_more()
             if pending:
                 pacer.sleep()
         self.empty_polls = sum(p.empty_total for p in self.pacers.values())
@@ -262,11 +262,14 @@ class FederationServer:
         return str(meta.get("parent_run_id") or "") or None
 
     # -- rounds --------------------------------------------------------------------------
-    def _message(self, node: int, mtype: str, rnd: int, evaluate_first: bool) -> Message:
+    def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
+                  ) -> list[Message]:
+        # Every site gets the same content: packed once, stored once by the SuperLink.
         content = pack(self.global_weights, config={
             "round": rnd, "local-epochs": self.config.local_epochs,
             "evaluate-first": evaluate_first})
-        return Message(content, dst_node_id=node, message_type=mtype, group_id=str(rnd))
+        return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
+                for n in nodes]
 
     def _live_nodes(self, connected: Iterable[int] | None = None) -> dict[int, str]:
         connected = set(self.grid.node_ids() if connected is None else connected)
@@ -316,7 +319,7 @@ class FederationServer:
         started = time.monotonic()
         evaluate_first = rnd > 1
         replies = self.grid.send(
-            [self._message(n, MessageType.TRAIN, rnd, evaluate_first) for n in nodes],
+            self._messages(nodes, MessageType.TRAIN, rnd, evaluate_first),
             timeout=self.settings.round_timeout,
         )
         updates, fits, evals, hashes = [], {}, {}, {}
@@ -419,7 +422,7 @@ class FederationServer:
     def _close(self, pending: dict[str, dict[str, float]]) -> None:
         nodes = self._live_nodes()
         replies = self.grid.send(
-            [self._message(n, MessageType.EVALUATE, self.config.rounds, False) for n in nodes],
+            self._messages(nodes, MessageType.EVALUATE, self.config.rounds, False),
             timeout=self.settings.round_timeout,
         )
         evals = {}
