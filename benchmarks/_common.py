@@ -30,8 +30,8 @@ from fedbn_med.argtypes import positive_int
 
 if TYPE_CHECKING:
     from fedbn_med.driver import History
-    from fedbn_med.experiment import ExperimentConfig
-    from fedbn_med.sites import SiteConfig
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import SiteConfig
     from fedbn_med.trainer import SiteData
 
 __all__ = [
@@ -133,13 +133,12 @@ class Benchmark:
         """Return the test folds this invocation runs (one run each)."""
         return range(self.args.folds)
 
-    def config(self, **changes: Any) -> ExperimentConfig:
-        """Return the run configuration from the options, with ``changes`` applied."""
-        from fedbn_med.experiment import ExperimentConfig
+    def config(self, **changes: Any) -> RunSpec:
+        """Return the run spec from the options, with ``changes`` applied."""
+        from fedbn_med.spec import RunSpec
 
-        base = ExperimentConfig(rounds=self.args.rounds, seed=self.args.seed,
-                                n_folds=N_FOLDS, data_dir=self.args.data_dir,
-                                device=self.args.device)
+        base = RunSpec(rounds=self.args.rounds, seed=self.args.seed, n_folds=N_FOLDS,
+                       data_dir=self.args.data_dir, device=self.args.device)
         return base.replace(**changes)
 
     def progress(self, grid: Sequence[Any], desc: str | None = None) -> Iterable[Any]:
@@ -215,19 +214,21 @@ class Benchmark:
         tracker.finish()
 
 
-def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> ExperimentConfig:
+def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> RunSpec:
     """Return the run configuration of a strategy (FedProx gets the paper's mu)."""
     mu = FEDPROX_MU if strategy == "fedprox" else None
     return bench.config(strategy=strategy, mu=mu, **changes)
 
 
-def run(config: ExperimentConfig, datas: Mapping[str, SiteData] | None = None,
+def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
         sites: Mapping[str, SiteConfig] | None = None) -> History:
     """Run one federation in this process, on given (e.g. subsampled) site data if any.
 
+    The rounds are the driver's, hence :mod:`fedbn_med.rounds`, as in every engine.
+
     Parameters
     ----------
-    config : ExperimentConfig
+    config : RunSpec
         The run's settings.
     datas : mapping of site name to SiteData, optional
         Replaces each site's prepared splits; built from ``config`` when omitted.
@@ -235,21 +236,22 @@ def run(config: ExperimentConfig, datas: Mapping[str, SiteData] | None = None,
         Loaded from ``sites/`` when omitted.
     """
     from fedbn_med.driver import run_in_process
-    from fedbn_med.experiment import build_trainer, run_experiment
-    from fedbn_med.sites import load_sites
+    from fedbn_med.tasks.abide.build import build_pooled, build_trainer
+    from fedbn_med.tasks.abide.sites import load_sites
 
-    if datas is None:
-        return run_experiment(config, site_configs=sites)
     sites = sites or load_sites(list(config.sites))
+    datas = datas or prepare_all(config, sites)
     trainers = {name: build_trainer(sites[name], config, datas[name]) for name in sites}
-    return run_in_process(trainers, config.strategy_obj(), config.rounds)
+    strategy = config.strategy_obj()
+    pooled = build_pooled(trainers, config) if strategy.pooled else None
+    return run_in_process(trainers, strategy, config.rounds, pooled=pooled)
 
 
-def prepare_all(config: ExperimentConfig, sites: Mapping[str, SiteConfig] | None = None
+def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None
                 ) -> dict[str, SiteData]:
     """Return every site's splits for the configuration's fold."""
-    from fedbn_med.experiment import prepare_site_data
-    from fedbn_med.sites import load_sites
+    from fedbn_med.tasks.abide.build import prepare_site_data
+    from fedbn_med.tasks.abide.sites import load_sites
 
     sites = sites or load_sites(list(config.sites))
     return {name: prepare_site_data(cfg, config) for name, cfg in sites.items()}

@@ -32,7 +32,7 @@ from _common import (
 )
 from sklearn.model_selection import train_test_split
 
-from fedbn_med.sites import load_sites
+from fedbn_med.tasks.abide.sites import load_sites
 from fedbn_med.trainer import SiteData, derive_seed
 
 NAME = "data_size"

@@ -1,14 +1,20 @@
 #!/usr/bin/env python
-"""What Flower costs on top of the work: a 4-site FedBN federation vs the in-process driver.
+"""What Flower costs on top of the work: our federation vs the in-process driver vs stock Flower.
 
-Prints (a) the overhead per round (federated minus in-process wall time of the rounds),
-(b) start-up until every site is ready, (c) the whole federated run against the
-in-process run with 8 local epochs, and (d) how many times each site loaded its data and
-built its model. A second table shows where the CPU time of a federated round goes
-(SuperLink, sites, ServerApp), sampled from the processes while the rounds run.
+Prints, for a 4-site ABIDE FedBN federation on 127.0.0.1:
 
-    python benchmarks/federation_overhead.py            # 50 rounds, then 8 local epochs
-    python benchmarks/federation_overhead.py --quick    # a few rounds
+- (a) the overhead per round (federated minus in-process wall time of the rounds), next
+  to stock Flower 1.42 as shipped (``flower-supernode``, a fresh ClientApp process per
+  message, Flower's own FedAvg strategy and polling) on the same machine and data;
+- start-up until every site is ready, MLflow set-up, closing, and set-ups per site;
+- the same with 8 local epochs (as the earlier figures);
+- (c) a compute-dominated MRI run (MONAI UNet, 3 sites): federated over in-process time.
+
+A second table shows where the CPU time of a federated round goes (SuperLink, sites,
+ServerApp), sampled from the processes while the rounds run.
+
+    python benchmarks/federation_overhead.py            # 50 rounds, stock Flower 3 rounds
+    python benchmarks/federation_overhead.py --quick    # a few rounds of each
 
 Phases of a federated run, from its progress events: start-up is from the call until the
 server has heard from every site; MLflow set-up is from there to the start of round 1;
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import threading
 import time
@@ -29,20 +36,42 @@ from pathlib import Path
 import psutil
 import torch
 
-from fedbn_med.driver import run_in_process
-from fedbn_med.experiment import ExperimentConfig, build_trainer, prepare_site_data
-from fedbn_med.federation.run import FlowerOptions, prepare_builtin, run_flower
-from fedbn_med.sites import load_sites
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the stock-Flower helper
+
+from _stock_flower import stock_flower_run  # noqa: E402
+
+from fedbn_med.driver import run_in_process  # noqa: E402
+from fedbn_med.federation.run import FlowerOptions, run_flower  # noqa: E402
+from fedbn_med.spec import RunSpec  # noqa: E402
+from fedbn_med.tasks import get_task  # noqa: E402
 
 
-def in_process_seconds(config: ExperimentConfig) -> float:
-    """Return the wall time of the rounds alone (data loaded and trainers built before)."""
-    sites = load_sites(list(config.sites))
-    trainers = {n: build_trainer(s, config, prepare_site_data(s, config)) for n, s in
-                sites.items()}
+def in_process_seconds(spec: RunSpec) -> tuple[float, float]:
+    """Return the rounds' wall time and the slowest site's compute per round.
+
+    Data are loaded and trainers built before the clock starts.
+    """
+    task = get_task(spec.task)
+    trainers = {n: task.build_site(n, spec, spec.data_dir, "cpu") for n in spec.sites}
+    per_site = {n: 0.0 for n in trainers}
+
+    class Timed:
+        def __init__(self, name: str) -> None:
+            self.name, self.inner = name, trainers[name]
+
+        def __getattr__(self, attr: str) -> object:
+            return getattr(self.inner, attr)
+
+        def fit(self, *args: object) -> object:
+            t0 = time.perf_counter()
+            out = self.inner.fit(*args)
+            per_site[self.name] += time.perf_counter() - t0
+            return out
+
     started = time.perf_counter()
-    run_in_process(trainers, config.strategy_obj(), config.rounds)
-    return time.perf_counter() - started
+    run_in_process({n: Timed(n) for n in trainers}, spec.strategy_obj(),  # type: ignore[misc]
+                   spec.rounds)
+    return time.perf_counter() - started, max(per_site.values()) / spec.rounds
 
 
 class CpuSampler:
@@ -99,13 +128,13 @@ class CpuSampler:
         return out
 
 
-def federated(config: ExperimentConfig, workdir: Path) -> dict:
+def federated(spec: RunSpec, workdir: Path) -> dict:
     """Run over Flower; return the phases' wall times, CPU per role and set-up counts."""
     options = FlowerOptions(workdir=workdir, tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}",
                             progress=False)
     with CpuSampler() as cpu:
         started = time.time()
-        (result,) = run_flower([config], options, device="cpu")
+        (result,) = run_flower([spec], options)
         ended = time.time()
     run_dir = next(workdir.glob("run-0-*"))
     events = [json.loads(x) for x in (run_dir / "progress.jsonl").read_text().splitlines()]
@@ -125,40 +154,63 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--stock-rounds", type=int, default=None,
+                        help="rounds of stock Flower (about 25-40 s each here; default 3)")
+    parser.add_argument("--mri-rounds", type=int, default=None)
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 50)
+    stock_rounds = args.stock_rounds or (1 if args.quick else 3)
+    mri_rounds = args.mri_rounds or (1 if args.quick else 3)
     torch.set_num_threads(1)
-    base = ExperimentConfig(strategy="fedbn", rounds=rounds, device="cpu")
-    prepare_builtin(base)
+    base = RunSpec(strategy="fedbn", rounds=rounds, device="cpu")
+    get_task("abide").prepare(base)
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedbn-overhead-") as tmp:
-        for label, config in (("E=1", base), ("E=8", base.replace(
+        for label, spec in (("ABIDE E=1", base), ("ABIDE E=8", base.replace(
                 local_epochs=8, rounds=max(2, rounds // 5)))):
-            inproc = in_process_seconds(config)
-            fed = federated(config, Path(tmp) / label)
-            rows.append((label, config, inproc, fed))
-    print(f"\n4-site FedBN over Flower on 127.0.0.1 vs the in-process driver "
+            inproc, _ = in_process_seconds(spec)
+            rows.append((label, spec, inproc, federated(spec, Path(tmp) / label[-3:])))
+        mri = RunSpec.for_task("mri", rounds=mri_rounds, device="cpu",
+                               **({"image_size": 32, "subjects": 8} if args.quick else
+                                  {"local_epochs": 2}))
+        mri_inproc, mri_site = in_process_seconds(mri)
+        rows.append(("MRI", mri, mri_inproc, federated(mri, Path(tmp) / "mri")))
+        stock = stock_flower_run(stock_rounds, base.sites, Path(tmp) / "stock", timeout=1800)
+    print(f"\nFederations over Flower on 127.0.0.1 vs the in-process driver "
           f"({torch.get_num_threads()} thread in-process), {psutil.cpu_count()} CPUs\n")
     print("| run | rounds | in-process rounds s | federated rounds s | overhead/round s "
           "| fed/in-process | start-up s | MLflow set-up s | closing s | whole run s "
           "| set-ups per site |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for label, config, inproc, fed in rows:
-        overhead = (fed["rounds"] - inproc) / config.rounds
-        print(f"| {label} | {config.rounds} | {inproc:.2f} | {fed['rounds']:.2f} | "
+    for label, spec, inproc, fed in rows:
+        overhead = (fed["rounds"] - inproc) / spec.rounds
+        print(f"| {label} | {spec.rounds} | {inproc:.2f} | {fed['rounds']:.2f} | "
               f"{overhead:.3f} | {fed['rounds'] / inproc:.2f} | {fed['startup']:.1f} | "
               f"{fed['tracking_setup']:.1f} | {fed['closing']:.1f} | {fed['total']:.1f} | "
               f"{fed['setups']} |")
+    ours = (rows[0][3]["rounds"] - rows[0][2]) / rows[0][1].rounds
+    stock_overhead = stock["seconds_per_round"] - rows[0][2] / rows[0][1].rounds
+    print(f"| stock Flower 1.42 | {stock['rounds']} | {rows[0][2] / rows[0][1].rounds:.2f}/round "
+          f"| {stock['rounds_seconds']:.2f} | {stock_overhead:.3f} | "
+          f"{stock['seconds_per_round'] / (rows[0][2] / rows[0][1].rounds):.1f} | "
+          f"{stock['startup_seconds']:.1f} | - | - | {stock['seconds_total']:.1f} | "
+          f"one process per message |")
     print("\nCPU seconds per round while the rounds run, by process:\n")
     roles = sorted({r for *_, fed in rows for r in fed["cpu"]})
     print("| run | " + " | ".join(roles) + " | total | wall s/round |")
     print("|---|" + "---|" * (len(roles) + 2))
-    for label, config, _, fed in rows:
-        cells = [fed["cpu"].get(r, 0.0) / config.rounds for r in roles]
+    for label, spec, _, fed in rows:
+        cells = [fed["cpu"].get(r, 0.0) / spec.rounds for r in roles]
         print(f"| {label} | " + " | ".join(f"{c:.3f}" for c in cells)
-              + f" | {sum(cells):.3f} | {fed['rounds'] / config.rounds:.3f} |")
-    print("\n(a) target: overhead per round < 0.5 s at 50 rounds; (b) start-up < 15 s; "
-          "(c) E=8 federated <= 1.2x in-process; (d) set-ups per site == [1]")
+              + f" | {sum(cells):.3f} | {fed['rounds'] / spec.rounds:.3f} |")
+    mri_fed = rows[2][3]["rounds"]
+    print(f"\n(a) overhead per round: ours {ours:.3f} s, stock Flower {stock_overhead:.2f} s: "
+          f"{stock_overhead / ours:.0f}x lower (target: at least 30x)")
+    print(f"(c) MRI, {mri_site:.1f} s of compute per round at the slowest site: federated "
+          f"{mri_fed:.1f} s vs in-process {mri_inproc:.1f} s = {mri_fed / mri_inproc:.2f}x "
+          f"(target <= 1.15x with >= 5 s per site)")
+    print(f"start-up {rows[0][3]['startup']:.1f} s (target < 15 s); set-ups per site "
+          f"{rows[0][3]['setups']} (target [1])")
 
 
 if __name__ == "__main__":

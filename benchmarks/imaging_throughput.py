@@ -16,34 +16,33 @@ import sys
 import time
 from pathlib import Path
 
-SIZES = {  # task: (realistic extra, quick extra)
-    "mri": ({"image_size": "64", "subjects": "24", "slices": "8"},
-            {"image_size": "16", "subjects": "6", "slices": "4"}),
-    "xray": ({"image_size": "64", "subjects": "48"}, {"image_size": "32", "subjects": "6"}),
+SIZES = {  # task: (realistic settings, quick settings); the rest are the task's defaults
+    "mri": ({}, {"image_size": 16, "subjects": 6, "slices": 4}),
+    "xray": ({}, {"image_size": 32, "subjects": 6}),
 }
 SITE = {"mri": "SiteA", "xray": "HospitalA"}
 
 
-def _measure(task: str, extra: dict[str, str], epochs: int, device: str,
+def _measure(task: str, extra: dict[str, object], epochs: int, device: str,
              data_dir: str | None, queue: mp.Queue) -> None:
     import torch
 
-    from fedbn_med.experiment import ExperimentConfig
+    from fedbn_med.spec import RunSpec
     from fedbn_med.tasks import get_task
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    config = ExperimentConfig(strategy="fedbn", rounds=1, batch_size=4 if task == "mri" else 8,
-                              lr=1e-3, sites=(SITE[task],), device=device, extra=extra)
+    config = RunSpec.for_task(task, strategy="fedbn", rounds=1, sites=(SITE[task],),
+                              device=device, **extra)
     start = time.perf_counter()
     trainer = get_task(task).build_site(SITE[task], config,
                                         Path(data_dir) if data_dir else None, device)
     setup = time.perf_counter() - start
-    per_item = int(extra.get("slices", "1")) if task == "mri" else 1
-    trainer.train({}, {"round": 1, "local_epochs": 1})  # warm-up (and first decode)
+    per_item = config.settings.slices if task == "mri" else 1
+    trainer.fit({}, {"round": 1, "local_epochs": 1})  # warm-up (and first decode)
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    trainer.train({}, {"round": 2, "local_epochs": epochs})
+    trainer.fit({}, {"round": 2, "local_epochs": epochs})
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         for cache in (True, False):
             queue = ctx.Queue()
             proc = ctx.Process(target=_measure, args=(
-                task, {**extra, "cache": str(cache).lower()}, epochs, args.device,
+                task, {**extra, "cache": cache}, epochs, args.device,
                 args.data_dir, queue))
             proc.start()
             result = queue.get()

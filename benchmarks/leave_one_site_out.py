@@ -35,7 +35,6 @@ import numpy as np
 import psutil
 import torch
 
-from fedbn_med.experiment import DEFAULT_SITES, ExperimentConfig, build_model, prepare_site_data
 from fedbn_med.onboarding import (
     ONBOARDING_EXPERIMENT,
     OnboardingOptions,
@@ -44,8 +43,12 @@ from fedbn_med.onboarding import (
     train_federation,
 )
 from fedbn_med.report import paper_table
-from fedbn_med.sites import load_sites
+from fedbn_med.spec import RunSpec
+from fedbn_med.tasks.abide.build import build_model, prepare_site_data
+from fedbn_med.tasks.abide.sites import load_sites
 from fedbn_med.tracking import FederationTracker
+
+DEFAULT_SITES = RunSpec().sites
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "leave_one_site_out"
 NEW_SITES = ("PITT", "YALE")
@@ -60,7 +63,7 @@ def run(rounds: int, seeds: Sequence[int], folds: Sequence[int], shots: int,
         new_sites: Sequence[str]) -> tuple[dict[str, dict[str, list[dict[str, float]]]],
                                            dict[str, str]]:
     """Return ``{held_out: {method: [metrics per (seed, fold)]}}`` and the row labels."""
-    base = ExperimentConfig(rounds=rounds, device="cpu")
+    base = RunSpec(rounds=rounds, device="cpu")
     configs = load_sites([*DEFAULT_SITES, *new_sites])
     train_data = {n: prepare_site_data(configs[n], base) for n in DEFAULT_SITES}
     results: dict[str, dict[str, list[dict[str, float]]]] = {}

@@ -1,30 +1,38 @@
-"""Command line of the ABIDE pipeline: ``python pipelines/abide_fedbn.py``.
+"""The one command line of every pipeline: ``python pipelines/<task>_fedbn.py``.
 
-Three modes:
+``--task`` picks the task (``abide``, ``mri``, ``xray``; each pipeline script fixes its
+own). Three modes:
 
-- default: the whole federation on this host (a Flower SuperLink on 127.0.0.1 and one
-  process per site), on the built-in cohort unless ``--data-dir`` is given;
+- default: the whole federation on this host, over Flower (a SuperLink on 127.0.0.1
+  and one process per site) or in this process (``--engine inprocess``), on the built-in
+  data unless ``--data-dir`` is given;
 - ``--serve``: the federation server of a multi-host consortium, waiting for sites;
 - ``--site NAME --superlink HOST:PORT``: one hospital's site joining that server.
+
+Options left out take the run spec's defaults (:mod:`fedbn_med.spec` and the task's
+``settings.py``); the command line holds no default of its own for a training setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from fedbn_med.argtypes import positive_int
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.paths import resolve_data_dir
+from fedbn_med.spec import TASK_NAMES, RunSpec, task_defaults
 from fedbn_med.strategies import STRATEGIES
 
 __all__ = ["build_parser", "main"]
 
-COMPARE_ORDER = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
+_SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
+                 "fold", "sites", "data_dir", "device")
 
 
 def _sites(text: str) -> tuple[str, ...]:
@@ -34,32 +42,55 @@ def _sites(text: str) -> tuple[str, ...]:
     return sites
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser of the ABIDE pipeline."""
+def _settings(task: str) -> ModuleType:
+    return importlib.import_module(f"fedbn_med.tasks.{task}.settings")
+
+
+def build_parser(task: str = "abide") -> argparse.ArgumentParser:
+    """Return the argument parser; ``task`` sets the defaults shown in ``--help``."""
+    d = task_defaults(task)
+    own = d["settings"]
     p = argparse.ArgumentParser(
-        prog="abide_fedbn.py",
-        description="FedBN on ABIDE I connectivity across hospital sites, over Flower.",
+        prog=f"{task}_fedbn.py",
+        description=f"FedBN on the {task} task across hospital sites (fedbn-med).",
     )
-    p.add_argument("--strategy", default="fedbn", type=str.lower,
+    p.add_argument("--task", choices=TASK_NAMES, default=task,
+                   help=f"what to train (default {task})")
+    p.add_argument("--strategy", type=str.lower, default=None,
                    help=f"one of {', '.join(sorted(STRATEGIES))} (default fedbn)")
     p.add_argument("--mu", type=float, default=None, help="proximal weight (FedProx, FedBN+prox)")
-    p.add_argument("--compare", action="store_true",
-                   help="run every strategy and print the paper-style table")
+    p.add_argument("--compare", nargs="?", default=None, const="",
+                   help="run several strategies (comma-separated; alone: "
+                        f"{','.join(_settings(task).COMPARE)}) and print one table")
     p.add_argument("--folds", type=positive_int, default=1,
                    help="with --compare: folds to average over (the paper uses 5)")
-    p.add_argument("--rounds", type=positive_int, default=30)
-    p.add_argument("--local-epochs", type=positive_int, default=1)
-    p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fold", type=int, default=0)
-    p.add_argument("--sites", type=_sites, default=("NYU", "UM", "USM", "UCLA"))
+    p.add_argument("--rounds", type=positive_int, default=None,
+                   help=f"communication rounds (default {d.get('rounds', 30)})")
+    p.add_argument("--local-epochs", type=positive_int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help=f"examples per batch (default {d.get('batch_size', 32)})")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"SGD learning rate (default {d.get('lr', 1e-2):g})")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--fold", type=int, default=None)
+    p.add_argument("--sites", type=_sites, default=None,
+                   help=f"comma-separated sites (default {','.join(d['sites'])})")
     p.add_argument("--data-dir", type=Path, default=None,
-                   help="folder holding ABIDE_pcp/ (default: the built-in cohort)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda:N")
-    p.add_argument("--engine", choices=("flower", "inprocess"), default="flower",
+                   help="the data root (default: each site's file, else the built-in data)")
+    p.add_argument("--device", default=None,
+                   help="auto (each site's setting, else a local GPU), cpu, cuda:N")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a task setting: " + ", ".join(
+                       f"{f}={getattr(own, f)!r}" for f in own.__dataclass_fields__))
+    if hasattr(own, "image_size"):
+        p.add_argument("--image-size", type=positive_int, default=None,
+                       help=f"image edge (default {own.image_size})")
+        p.add_argument("--subjects", type=positive_int, default=None,
+                       help=f"subjects per built-in site (default {own.subjects})")
+    p.add_argument("--engine", choices=("flower", "inprocess"),
+                   default=_settings(task).ENGINE,
                    help="flower: one process per site over Flower; inprocess: the reference "
-                        "driver in this process")
+                        f"driver in this process (default {_settings(task).ENGINE})")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else mlflow/ here)")
     p.add_argument("--workdir", type=Path, default=None,
@@ -94,56 +125,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: argparse.Namespace, strategy: str | None = None, fold: int | None = None
-            ) -> ExperimentConfig:
-    return ExperimentConfig(
-        strategy=strategy or args.strategy, mu=args.mu, rounds=args.rounds,
-        local_epochs=args.local_epochs, batch_size=args.batch_size, lr=args.lr,
-        seed=args.seed, fold=args.fold if fold is None else fold, sites=args.sites,
-        data_dir=args.data_dir, device=args.device,
-    )
+def _task_settings(args: argparse.Namespace) -> dict[str, Any]:
+    own = task_defaults(args.task)["settings"]
+    out: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in own.__dataclass_fields__:
+            raise ValueError(f"--set expects KEY=VALUE with KEY one of "
+                             f"{', '.join(own.__dataclass_fields__)}; got '{item}'.")
+        default = getattr(own, key)
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"--set {key} expects true or false, got '{raw}'.")
+            out[key] = raw.lower() in ("true", "1")
+        else:
+            try:
+                out[key] = type(default)(raw)
+            except ValueError:
+                raise ValueError(f"--set {key} expects a {type(default).__name__}, got "
+                                 f"'{raw}'.") from None
+    for key in ("image_size", "subjects"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    return out
 
 
-def _in_process(config: ExperimentConfig, tracking_uri: str, quiet: bool) -> dict:
-    from tqdm.auto import tqdm
-
-    from fedbn_med.experiment import run_experiment
-    from fedbn_med.report import site_table
-    from fedbn_med.tracking import FederationTracker
-
-    tracker = FederationTracker("abide-fedbn", config.strategy_obj().label,
-                                {**config.params(), "engine": "inprocess"}, config.sites,
-                                tracking_uri=tracking_uri)
-    bar = tqdm(total=config.rounds, desc=config.strategy_obj().label, unit="round",
-               disable=quiet, dynamic_ncols=True)
-
-    def on_round(rnd: int, metrics: dict) -> None:
-        tracker.log_round(rnd, metrics)
-        bar.update(1)
-
-    try:
-        history = run_experiment(config, on_round=on_round)
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    finally:
-        bar.close()
-    table = site_table(history.final())
-    tracker.log_text(table + "\n", "results.md")
-    tracker.finish()
-    return {"strategy": history.strategy, "final": history.final(), "table": table,
-            "rows": history.rows, "parent_run_id": tracker.parent_id}
+def spec_from_args(args: argparse.Namespace, strategy: str | None = None,
+                   fold: int | None = None) -> RunSpec:
+    """Return the validated run spec the options describe (the only place they meet)."""
+    given = {k: getattr(args, k) for k in _SPEC_OPTIONS if getattr(args, k) is not None}
+    if strategy is not None:
+        given["strategy"] = strategy
+    if fold is not None:
+        given["fold"] = fold
+    return RunSpec.for_task(args.task, **given, **_task_settings(args))
 
 
-def _workdir(args: argparse.Namespace) -> Path:
-    if args.workdir is not None:
-        return args.workdir.resolve()
-    return resolve_data_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ABIDE pipeline; return the process exit code."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
+    """Run a pipeline; return the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = task
+    if "--task" in argv[:-1]:
+        chosen = argv[argv.index("--task") + 1]
+    parser = build_parser(chosen if chosen in TASK_NAMES else task)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -152,73 +177,96 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\ninterrupted: every process this command started has been stopped",
               file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, ConnectionError, TimeoutError, RuntimeError) as err:
+    except (ValueError, TypeError, FileNotFoundError, ConnectionError, TimeoutError,
+            RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
+def _compare_list(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.compare is None:
+        return ()
+    names = tuple(s.strip().lower() for s in args.compare.split(",") if s.strip())
+    return names or tuple(_settings(args.task).COMPARE)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    from fedbn_med.sites import load_sites
-    from fedbn_med.strategies import get_strategy
+    from fedbn_med.tasks import get_task
     from fedbn_med.tracking import default_tracking_uri
 
-    get_strategy(args.strategy, args.mu)  # an unknown strategy lists the valid ones
+    spec = spec_from_args(args)  # validates every setting, and lists the valid values
+    task = get_task(spec.task)
     if args.site is not None:
+        task.check_sites([args.site])
         return _site_mode(args)
-    load_sites(list(args.sites))  # an unknown site lists the valid ones
+    task.check_sites(spec.sites)
     tracking_uri = args.tracking_uri or default_tracking_uri()
     workdir = _workdir(args)
     started = time.monotonic()
     if args.serve:
-        return _serve_mode(args, tracking_uri, workdir)
-    strategies = COMPARE_ORDER if args.compare else (args.strategy,)
-    folds = range(args.folds) if args.compare else (args.fold,)
-    configs = [_config(args, s, f) for s in strategies for f in folds]
-    results = _run_all(args, configs, tracking_uri, workdir)
-    _print_results(args, configs, results, tracking_uri, time.monotonic() - started)
+        return _serve_mode(args, spec, tracking_uri, workdir)
+    compare = _compare_list(args)
+    strategies = compare or (spec.strategy,)
+    folds = range(args.folds) if compare else (spec.fold,)
+    specs = [spec_from_args(args, s, f) if compare else spec for s in strategies
+             for f in folds]
+    results = _run_all(args, specs, tracking_uri, workdir)
+    _print_results(specs, results, compare, tracking_uri, time.monotonic() - started)
     return 0
 
 
-def _run_all(args: argparse.Namespace, configs: list[ExperimentConfig], tracking_uri: str,
-             workdir: Path) -> list[dict]:
-    from fedbn_med.federation.run import FlowerOptions, prepare_builtin, run_flower
+def _workdir(args: argparse.Namespace) -> Path:
+    from fedbn_med.paths import resolve_data_dir
 
-    pooled = [c for c in configs if c.strategy_obj().pooled or args.engine == "inprocess"]
-    federated = [c for c in configs if c not in pooled]
-    by_config: dict[int, dict] = {}
+    if args.workdir is not None:
+        return args.workdir.resolve()
+    return resolve_data_dir() / "runs" / f"{args.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
+             workdir: Path) -> list[dict]:
+    from fedbn_med.federation.run import FlowerOptions, run_flower
+    from fedbn_med.pipeline import run_tracked
+
+    local = [s for s in specs if s.strategy_obj().pooled or args.engine == "inprocess"]
+    federated = [s for s in specs if s not in local]
+    by_spec: dict[int, dict] = {}
     if federated:
-        prepare_builtin(federated[0])
         options = FlowerOptions(workdir=workdir, tracking_uri=tracking_uri,
                                 min_sites=args.min_sites, wait_timeout=args.wait_timeout,
                                 progress=not args.quiet)
-        for config, result in zip(federated, run_flower(federated, options,
-                                                         device=args.device)):
-            by_config[id(config)] = result
-    for config in pooled:
-        by_config[id(config)] = _in_process(config, tracking_uri, args.quiet)
-    return [by_config[id(c)] for c in configs]
+        for spec, result in zip(federated, run_flower(federated, options)):
+            by_spec[id(spec)] = result
+    for spec in local:
+        by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
+                                        progress=not args.quiet)
+    return [by_spec[id(s)] for s in specs]
 
 
-def _print_results(args: argparse.Namespace, configs: list[ExperimentConfig],
-                   results: list[dict], tracking_uri: str, seconds: float) -> None:
+def _print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str, ...],
+                   tracking_uri: str, seconds: float) -> None:
     from fedbn_med.report import paper_table
 
-    if args.compare:
-        for metric in ("accuracy", "auc"):
+    if compare:
+        first = next(iter(results[0]["final"].values()), {})
+        metrics = [m for m in ("accuracy", "auc", "dice") if f"test_{m}" in first]
+        for metric in metrics:
             table: dict[str, dict[str, list[float]]] = {}
-            for config, result in zip(configs, results):
-                per_site = table.setdefault(config.strategy_obj().label, {})
-                for site, metrics in result["final"].items():
-                    per_site.setdefault(site, []).append(float(metrics[f"test_{metric}"]))
-            print(paper_table(table, list(args.sites), metric=metric) + "\n")
+            for spec, result in zip(specs, results):
+                per_site = table.setdefault(spec.label, {})
+                for site, values in result["final"].items():
+                    per_site.setdefault(site, []).append(float(values[f"test_{metric}"]))
+            print(paper_table(table, list(specs[0].sites), metric=metric) + "\n")
     else:
-        print(f"\n{results[0]['strategy']} after {args.rounds} rounds (test split, fold "
-              f"{args.fold}), % per site:\n")
+        spec = specs[0]
+        print(f"\n{results[0]['strategy']} after {spec.rounds} rounds (test split, fold "
+              f"{spec.fold}), % per site:\n")
         print(results[0]["table"])
     print(f"\nwall time {seconds:.1f} s; MLflow: mlflow ui --backend-store-uri {tracking_uri}")
 
 
-def _serve_mode(args: argparse.Namespace, tracking_uri: str, workdir: Path) -> int:
+def _serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
+                workdir: Path) -> int:
     from fedbn_med.federation.run import FlowerOptions, serve
 
     host, _, port = args.listen.rpartition(":")
@@ -248,20 +296,20 @@ def _serve_mode(args: argparse.Namespace, tracking_uri: str, workdir: Path) -> i
                             wait_timeout=args.wait_timeout, resume=args.resume,
                             allow_join=args.allow_join, federation_id="serve",
                             progress=not args.quiet)
-    result = serve(_config(args), options)
+    result = serve(spec, options)
     print(result["table"])
     return 0
 
 
 def _site_mode(args: argparse.Namespace) -> int:
     from fedbn_med.federation.run import run_site
+    from fedbn_med.paths import resolve_data_dir
 
     if not args.superlink:
         raise ValueError("--site needs --superlink HOST:PORT of the federation server.")
     state_dir = args.state_dir or resolve_data_dir() / "site_state"
     run_site(args.site, args.superlink, state_dir=state_dir, data_dir=args.data_dir,
-             device=args.device, root_certificates=args.root_certificates,
+             device=args.device or "auto", root_certificates=args.root_certificates,
              auth_key=args.auth_key, insecure=args.insecure,
              max_wait_time=args.wait_timeout)
     return 0
-

@@ -9,13 +9,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from fedbn_med.strategies import Strategy, weighted_average
+from fedbn_med.rounds import Reply, close_round, plan_round
+from fedbn_med.strategies import Strategy
 from fedbn_med.trainer import SiteTrainer
 
-__all__ = ["History", "run_in_process"]
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
+
+__all__ = ["History", "run_in_process", "run_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +66,14 @@ def run_in_process(
     local_epochs: int | None = None,
     pooled: SiteTrainer | None = None,
     on_round: RoundCallback | None = None,
+    evaluate: bool = True,
 ) -> History:
     """Run ``rounds`` federated rounds over the given site trainers.
 
-    Each round: every site loads the global exchanged weights and trains locally; the
-    server averages the sites' exchanged weights, weighted by their training examples;
-    every site evaluates the new global weights with its own private layers.
+    Each round is the one :mod:`fedbn_med.rounds` defines: every site loads the global
+    exchanged weights and trains locally; :func:`fedbn_med.rounds.close_round` checks the
+    replies and averages the sound ones, weighted by their training examples; every site
+    then evaluates the new global weights with its own private layers.
 
     Parameters
     ----------
@@ -83,6 +90,8 @@ def run_in_process(
         each site then evaluates the pooled model on its own splits.
     on_round : callable, optional
         Called after each round with ``(round, {site: metrics})``.
+    evaluate : bool
+        Score every site after every round (off: training only, e.g. to get weights).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}.")
@@ -93,30 +102,51 @@ def run_in_process(
     history = History(strategy=strategy.label)
     first = pooled if strategy.pooled else next(iter(trainers.values()))
     global_weights = first.shared_weights()
+    private = first.partition.all - first.exchanged
     for rnd in range(1, rounds + 1):
-        config: dict[str, int] = {"round": rnd}
-        if local_epochs is not None:
-            config["local_epochs"] = local_epochs
+        plan = plan_round(rnd, local_epochs=local_epochs)
         round_metrics: dict[str, dict[str, float]] = {}
         if strategy.pooled:
             assert pooled is not None
-            global_weights, _, fit = pooled.train(global_weights, config)
+            global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
             for site, trainer in trainers.items():
                 round_metrics[site] = {"num_examples": trainer.data.num_train,
                                        "train_loss": fit["train_loss"]}
         else:
-            updates = []
+            replies = []
             for site, trainer in trainers.items():
-                weights, n, fit = trainer.train(global_weights, config)
-                updates.append((weights, n))
+                weights, n, fit = trainer.fit(global_weights, plan.trainer_config())
+                replies.append(Reply(site, weights, n, fit))
                 round_metrics[site] = {"num_examples": n, **fit}
-            if strategy.exchanges:
-                global_weights = weighted_average(updates)
-        for site, trainer in trainers.items():
-            round_metrics[site].update(trainer.evaluate(global_weights))
+            outcome = close_round(strategy, global_weights, replies, private)
+            for site, reason in outcome.refused.items():
+                logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+            global_weights = outcome.global_weights
+        if evaluate:
+            for site, trainer in trainers.items():
+                round_metrics[site].update(trainer.score(global_weights))
+        for site in trainers:
             history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
         if on_round is not None:
             on_round(rnd, round_metrics)
         logger.debug("round %d done: %s", rnd, round_metrics)
     history.global_weights = global_weights
     return history
+
+
+def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
+             ) -> tuple[History, frozenset[str]]:
+    """Build the sites of ``spec`` through its task and run them in this process.
+
+    Returns the history and the keys the sites kept home (BN layers under FedBN).
+    """
+    from fedbn_med.tasks import get_task
+
+    task = get_task(spec.task)
+    strategy = spec.strategy_obj()
+    trainers = {name: task.build_site(name, spec, spec.data_dir, spec.device)
+                for name in spec.sites}
+    pooled = task.build_pooled(trainers, spec) if strategy.pooled else None
+    first = next(iter(trainers.values()))
+    history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled, on_round=on_round)
+    return history, first.partition.all - first.exchanged

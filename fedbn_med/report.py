@@ -8,13 +8,19 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["convergence_plot", "paper_table", "paper_table_csv", "site_table"]
+__all__ = ["convergence_plot", "paper_table", "paper_table_csv", "result_columns", "site_table"]
 
 
 def _fmt(value: float, pct: bool) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{100 * value:.1f}" if pct else f"{value:.3f}"
+
+
+def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
+    """Return the columns of a results table: every test metric but the loss, then size."""
+    first = next(iter(final.values()), {})
+    return (*[k for k in first if k.startswith("test_") and k != "test_loss"], "num_examples")
 
 
 def site_table(

@@ -1,9 +1,10 @@
 """One site's training logic, independent of the engine that drives it.
 
 :class:`SiteTrainer` holds a site's model, data, optimiser settings and private state.
-It implements MONAI's :class:`monai.fl.client.ClientAlgo` lifecycle, so the same object
-can serve the in-process driver, the Flower adapter, or another engine that speaks
-``ClientAlgo``. It knows nothing of Flower or MLflow.
+Its two round operations, :meth:`SiteTrainer.fit` and :meth:`SiteTrainer.score`, are what
+every engine calls (the in-process driver, the Flower ClientApp). Engines that speak
+MONAI's ``ClientAlgo`` get the same object through :class:`fedbn_med.clientalgo.FedBNClientAlgo`,
+which honours that contract. It knows nothing of Flower or MLflow.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from monai.fl.client import ClientAlgo
-from monai.fl.utils.constants import WeightType
-from monai.fl.utils.exchange_object import ExchangeObject
 from torch import nn
 
 from fedbn_med.metrics import classification_metrics
@@ -81,7 +79,7 @@ class SiteData:
         return int(self.train[0].shape[0])
 
 
-class SiteTrainer(ClientAlgo):
+class SiteTrainer:
     """Train and evaluate one site's model under a federated strategy.
 
     Parameters
@@ -210,33 +208,15 @@ class SiteTrainer(ClientAlgo):
             for key, tensor in weights.items():
                 state[key].copy_(torch.as_tensor(tensor).to(state[key].dtype))
 
-    # -- ClientAlgo ----------------------------------------------------------------------
-    def initialize(self, extra: dict | None = None) -> None:
-        """Nothing to set up: the trainer is ready when constructed."""
-
-    def finalize(self, extra: dict | None = None) -> None:
-        """Release nothing; the model stays usable."""
-
-    def abort(self, extra: dict | None = None) -> None:
-        """Training runs synchronously, so there is nothing to abort."""
-
-    def get_weights(self, extra: dict | None = None) -> ExchangeObject:
-        """Return the exchanged weights as a MONAI :class:`ExchangeObject`."""
-        return ExchangeObject(
-            weights=self.shared_weights(),
-            weight_type=WeightType.WEIGHTS,
-            statistics={"num_executed_iterations": self.rounds_trained,
-                        "num_examples": self.data.num_train},
-        )
-
-    def train(
-        self, data: Mapping[str, torch.Tensor] | ExchangeObject, extra: dict | None = None
+    # -- a round ------------------------------------------------------------------------
+    def fit(
+        self, data: Mapping[str, torch.Tensor], extra: dict | None = None
     ) -> tuple[Weights, int, dict[str, float]]:
         """Load the global weights, train locally and return the update.
 
         Parameters
         ----------
-        data : mapping or ExchangeObject
+        data : mapping of str to tensor
             The global values of the exchanged keys (empty for SingleSet).
         extra : dict, optional
             Round config: ``round`` (int) and optionally ``local_epochs``.
@@ -275,14 +255,14 @@ class SiteTrainer(ClientAlgo):
         return self._end_round(rnd, n, losses)
 
     def _begin_round(
-        self, data: Mapping[str, torch.Tensor] | ExchangeObject, extra: dict | None
+        self, data: Mapping[str, torch.Tensor], extra: dict | None
     ) -> tuple[int, int, Weights]:
         """Load the global weights and seed the round; return (round, epochs, anchor).
 
         The anchor holds the received values of the exchanged keys when a proximal term
         is used. Subclasses that batch differently call this and :meth:`_end_round`.
         """
-        weights = data.weights if isinstance(data, ExchangeObject) else data
+        weights = data
         config = dict(extra or {})
         rnd = int(config.get("round", self.rounds_trained + 1))
         epochs = int(config.get("local_epochs", self.local_epochs))
@@ -333,18 +313,12 @@ class SiteTrainer(ClientAlgo):
         prob = torch.softmax(logits, dim=1)[:, 1].numpy()
         return classification_metrics(y.numpy(), prob, loss)
 
-    def evaluate(
-        self, data: Mapping[str, torch.Tensor] | ExchangeObject | None = None,
-        extra: dict | None = None,
-    ) -> dict[str, float] | ExchangeObject:
+    def score(self, data: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Load the given global weights and score the validation and test splits.
 
-        Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``;
-        wrapped in an :class:`ExchangeObject` when called with one (the ClientAlgo way).
+        Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``.
         """
-        as_exchange = isinstance(data, ExchangeObject)
-        weights = data.weights if as_exchange else data
-        self.load_shared(weights or {})
+        self.load_shared(data or {})
         metrics: dict[str, float] = {}
         for split in ("val", "test"):
             x, y = getattr(self.data, split)
@@ -352,4 +326,4 @@ class SiteTrainer(ClientAlgo):
                 continue
             for name, value in self._score(x, y).items():
                 metrics[f"{split}_{name}"] = value
-        return ExchangeObject(metrics=metrics) if as_exchange else metrics
+        return metrics

@@ -11,14 +11,14 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from fedbn_med.experiment import ExperimentConfig
 from fedbn_med.onboarding import (
     CheckpointSource,
     MlflowRunSource,
     OnboardingOptions,
     onboard_new_site,
 )
-from fedbn_med.sites import load_site
+from fedbn_med.spec import RunSpec
+from fedbn_med.tasks.abide.sites import load_site
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
                                                   (args.fedavg_checkpoint,
                                                    args.fedavg_mlflow_run))]
     result = onboard_new_site(
-        site, ExperimentConfig(rounds=args.rounds, seed=args.seed, fold=args.fold),
+        site, RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed, fold=args.fold),
         federation=sources[0], fedavg=sources[1],
         bn_affine=args.bn_affine, options=OnboardingOptions(shots=args.shots, seed=args.seed),
         tracking_uri=args.tracking_uri, log=not args.no_mlflow,

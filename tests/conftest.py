@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fedbn_med.data.cohort import DEFAULT_SITE_IDS, generate_cohort
+from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, generate_cohort
 
 SMALL_COHORT_SCALE = 0.5
 SMALL_COHORT_SEED = 0

@@ -20,8 +20,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
-from fedbn_med.data import abide
-from fedbn_med.data.abide import (
+from fedbn_med.tasks.abide.cohort import HO_LABELS, ZERO_ROI_INDEX, generate_cohort
+from fedbn_med.tasks.abide.data import (
     PHENOTYPIC_FILENAME,
     DataFileError,
     SiteFeatures,
@@ -29,12 +29,12 @@ from fedbn_med.data.abide import (
     edge_index,
     load_abide,
     load_site_features,
+    loader,
     read_phenotypic,
     read_roi_time_series,
     roi_file_path,
     select_subjects,
 )
-from fedbn_med.data.cohort import HO_LABELS, ZERO_ROI_INDEX, generate_cohort
 
 REFERENCE = Path("/work/shared/reference/abide_pcp")
 SERIES = Path("ABIDE_pcp") / "cpac" / "filt_noglobal"
@@ -198,7 +198,7 @@ def test_bad_file_skipped_with_one_warning(ucla_dir: Path, kind: str, message: s
                                            caplog: pytest.LogCaptureFixture) -> None:
     paths = _selected_paths(ucla_dir)
     _corrupt(paths[1], kind)
-    with caplog.at_level(logging.WARNING, logger="fedbn_med.data.abide"):
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.abide.data"):
         site = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(f"Skipping {paths[1]}: ")
@@ -214,7 +214,7 @@ def test_header_with_other_rois_skipped(ucla_dir: Path,
     labels = lines[0].split("\t")
     lines[0] = "\t".join([labels[1], labels[0], *labels[2:]])
     paths[2].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="fedbn_med.data.abide"):
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.abide.data"):
         site = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
     assert site.n_subjects == len(paths) - 1
     assert f"Skipping {paths[2]}: its header names other ROIs (or another order) than " \
@@ -274,7 +274,7 @@ def test_features_are_fisher_z_of_pearson(ucla_dir: Path) -> None:
 @pytest.mark.parametrize("policy", ["impute", "drop_subject"])
 def test_zero_roi_policies(ucla_dir: Path, policy: str, caplog: pytest.LogCaptureFixture) -> None:
     zero = load_site_features(ucla_dir, "UCLA_1")
-    with caplog.at_level(logging.INFO, logger="fedbn_med.data.abide"):
+    with caplog.at_level(logging.INFO, logger="fedbn_med.tasks.abide.data"):
         other = load_site_features(ucla_dir, "UCLA_1", zero_roi=policy)  # type: ignore[arg-type]
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert re.search(rf"UCLA_1: \d+ of {zero.n_subjects} subjects have a constant \(all-zero\) "
@@ -292,13 +292,13 @@ def test_zero_roi_policies(ucla_dir: Path, policy: str, caplog: pytest.LogCaptur
 
 def test_cache_skips_recomputation(ucla_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    compute = abide._compute_site_features
+    compute = loader._compute_site_features
 
     def counting(*args: object, **kwargs: object) -> object:
         calls.append(1)
         return compute(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(abide, "_compute_site_features", counting)
+    monkeypatch.setattr(loader, "_compute_site_features", counting)
     first = load_site_features(ucla_dir, "UCLA_1", name="UCLA")
     second = load_site_features(ucla_dir, "UCLA_1", name="UCLA")
     assert len(calls) == 1

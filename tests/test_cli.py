@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedbn_med.cli import main
-from fedbn_med.sites import load_site
+from fedbn_med.tasks.abide.sites import load_site
 
 
 def test_unknown_strategy_lists_the_valid_ones(capsys):

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedbn_med.data.abide import PHENOTYPIC_FILENAME, select_subjects
-from fedbn_med.data.cohort import (
+from fedbn_med.paths import DATA_ENV_VAR, resolve_data_dir
+from fedbn_med.tasks.abide.cohort import (
     DEFAULT_SITE_IDS,
     HO_CENTROIDS_MM,
     HO_LABELS,
@@ -22,7 +22,7 @@ from fedbn_med.data.cohort import (
     ensure_cohort,
     generate_cohort,
 )
-from fedbn_med.paths import DATA_ENV_VAR, resolve_data_dir
+from fedbn_med.tasks.abide.data import PHENOTYPIC_FILENAME, select_subjects
 
 TINY = {"sites": ("UCLA_1",), "seed": 3, "n_subjects_scale": 0.2}
 REQUIRED = ["Unnamed: 0", "SUB_ID", "X", "subject", "SITE_ID", "FILE_ID", "DX_GROUP",

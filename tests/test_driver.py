@@ -3,11 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 from monai.fl.client import ClientAlgo
+from monai.fl.utils.constants import ExtraItems
 from monai.fl.utils.exchange_object import ExchangeObject
 
+from fedbn_med.clientalgo import FedBNClientAlgo
 from fedbn_med.driver import run_in_process
-from fedbn_med.model import AbideMLP
 from fedbn_med.strategies import Centralized, FedAvg, FedBN, SingleSet, get_strategy
+from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.trainer import ShapeMismatchError, SiteData, SiteTrainer
 
 
@@ -52,12 +54,12 @@ def test_fedbn_round_keeps_private_local_and_shared_identical():
 def test_aggregation_leaves_private_tensors_unchanged():
     trainers = _trainers(FedBN())
     config = {"round": 1}
-    updates = [t.train({}, config) for t in trainers.values()]
+    updates = [t.fit({}, config) for t in trainers.values()]
     private_after_training = {s: t.private_state() for s, t in trainers.items()}
     from fedbn_med.strategies import weighted_average
     global_w = weighted_average([(w, n) for w, n, _ in updates])
     for site, trainer in trainers.items():
-        trainer.evaluate(global_w)
+        trainer.score(global_w)
         for key, value in trainer.private_state().items():
             assert torch.equal(value, private_after_training[site][key])
 
@@ -101,26 +103,60 @@ def test_run_is_deterministic_and_learns():
     assert losses[-1] < losses[0]
 
 
-def test_client_algo_interface():
+def test_client_algo_contract():
+    # MONAI's contract: train -> None, get_weights -> ExchangeObject of weights,
+    # evaluate -> ExchangeObject of metrics; FedBN's filter keeps BN out of get_weights.
     trainer = _trainers(FedBN())["A"]
-    assert isinstance(trainer, ClientAlgo)
-    trainer.initialize()
-    incoming = ExchangeObject(weights=trainer.get_weights().weights)
-    trainer.train(incoming, {"round": 1})
-    out = trainer.get_weights()
+    algo = FedBNClientAlgo(trainer)
+    assert isinstance(algo, ClientAlgo)
+    algo.initialize({ExtraItems.CLIENT_NAME: "A"})
+    incoming = ExchangeObject(weights=algo.get_weights().weights)
+    assert algo.train(incoming, {"round": 1}) is None
+    out = algo.get_weights()
     assert out.is_valid_weights() and set(out.weights) == trainer.partition.shared
-    result = trainer.evaluate(ExchangeObject(weights=out.weights))
+    assert not set(out.weights) & trainer.partition.private
+    assert out.statistics["num_examples"] == trainer.data.num_train
+    result = algo.evaluate(ExchangeObject(weights=out.weights))
     assert isinstance(result, ExchangeObject) and "test_auc" in result.metrics
-    trainer.finalize()
+    with pytest.raises(TypeError, match="take an ExchangeObject, got dict"):
+        algo.train(out.weights)
+    private_key = sorted(trainer.partition.private)[0]
+    with pytest.raises(ValueError, match="does not exchange"):
+        algo.train(ExchangeObject(weights={private_key: torch.zeros(16)}))
+    with pytest.raises(ValueError, match="serves site 'A', but the FL system calls it 'B'"):
+        algo.initialize({ExtraItems.CLIENT_NAME: "B"})
+    algo.abort()
+    with pytest.raises(RuntimeError, match="was aborted"):
+        algo.train(incoming)
+    algo.finalize()
+
+
+def test_driver_leaves_out_a_bad_update(caplog):
+    # The round's checks run in-process too: a site whose update holds NaN is left out.
+    trainers = _trainers(FedAvg())
+    bad = trainers["C"]
+    real_fit = bad.fit
+
+    def poisoned_fit(weights, config):
+        out, n, fit = real_fit(weights, config)
+        key = sorted(out)[0]
+        out[key] = torch.full_like(out[key], float("nan"))
+        return out, n, fit
+
+    bad.fit = poisoned_fit
+    with caplog.at_level("WARNING"):
+        history = run_in_process(trainers, FedAvg(), rounds=1)
+    assert "update of site C left out" in caplog.text and "NaN" in caplog.text
+    assert all(torch.isfinite(w).all() for w in history.global_weights.values())
 
 
 def test_refuses_private_keys_and_bad_shapes():
     trainer = _trainers(FedBN())["A"]
     private_key = sorted(trainer.partition.private)[0]
     with pytest.raises(ValueError, match="does not exchange"):
-        trainer.train({private_key: torch.zeros(16)}, {"round": 1})
+        trainer.fit({private_key: torch.zeros(16)}, {"round": 1})
     with pytest.raises(ShapeMismatchError, match=r"shape \(16, 99\).*shape \(16, 12\)"):
-        trainer.train({"net.0.weight": torch.zeros(16, 99)}, {"round": 1})
+        trainer.fit({"net.0.weight": torch.zeros(16, 99)}, {"round": 1})
     bad = _site_data(0, 1, 0, d=20)
     with pytest.raises(ShapeMismatchError, match=r"shape \(36, 20\).*expects 12 features"):
         SiteTrainer("X", AbideMLP(12), bad, FedBN(), device="cpu")

@@ -9,9 +9,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fedbn_med.checkpoint import load_tensors, state_hash
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.federation.config import run_config_from_experiment
+from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation
+from fedbn_med.spec import RunSpec
 
 pytestmark = pytest.mark.integration
 
@@ -22,10 +22,10 @@ class _Stop(Exception):
     pass
 
 
-def _run_config(config, tmp_path, **extra):
-    return {**run_config_from_experiment(config), "workdir": str(tmp_path / "run"),
-            "tracking-uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "federation-id": "faults",
-            "wait-timeout": 120.0, **extra}
+def _run_config(config, tmp_path, **server):
+    return run_config(config, ServerSettings(**{
+        "workdir": tmp_path / "run", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "federation_id": "faults", "wait_timeout": 120.0, **server}))
 
 
 def _metric_steps(store, metric="test_accuracy"):
@@ -55,7 +55,7 @@ def fed(small_cohort, tmp_path_factory):
 
 
 def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort, tmp_path):
-    config = ExperimentConfig(strategy="fedbn", rounds=8, sites=SITES, data_dir=small_cohort)
+    config = RunSpec(strategy="fedbn", rounds=8, sites=SITES, data_dir=small_cohort)
     events = []
     saved_hash = {}
 
@@ -70,7 +70,7 @@ def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort
             fed.start_site("USM", data_dir=small_cohort, device="cpu", threads=1)
 
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
-        "min-sites": 3, "round-timeout": 6.0, "federation-id": "faults-1"}),
+        "min_sites": 3, "round_timeout": 6.0, "federation_id": "faults-1"}),
         results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
 
@@ -94,7 +94,7 @@ def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort
 
 def test_server_killed_after_round_3_resumes_without_gaps_or_duplicates(fed, small_cohort,
                                                                         tmp_path):
-    config = ExperimentConfig(strategy="fedbn", rounds=6, sites=SITES, data_dir=small_cohort)
+    config = RunSpec(strategy="fedbn", rounds=6, sites=SITES, data_dir=small_cohort)
 
     def crash_after_round_3(event):
         if event["event"] == "trained" and event["round"] == 3:
@@ -128,7 +128,7 @@ def test_server_killed_after_round_3_resumes_without_gaps_or_duplicates(fed, sma
 def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
     # The new site starts once round 2 is done; it takes part from round 3 or later.
     rounds = 8
-    config = ExperimentConfig(strategy="fedbn", rounds=rounds, sites=SITES[:3],
+    config = RunSpec(strategy="fedbn", rounds=rounds, sites=SITES[:3],
                               data_dir=small_cohort)
     fed.stop_process("site-UCLA")
     events = []
@@ -139,7 +139,7 @@ def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
             fed.start_site("UCLA", data_dir=small_cohort, device="cpu", threads=1)
 
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
-        "allow-join": True, "federation-id": "join"}), results_dir=tmp_path / "run"),
+        "allow_join": True, "federation_id": "join"}), results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
     joined = [e for e in events if e["event"] == "joined" and e["site"] == "UCLA"]
     assert joined and joined[0]["resumed_round"] == 0

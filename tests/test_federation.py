@@ -12,10 +12,11 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedbn_med.experiment import ExperimentConfig, run_experiment
-from fedbn_med.federation.config import run_config_from_experiment
+from fedbn_med.driver import run_spec
+from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
+from fedbn_med.spec import RunSpec
 
 from .test_privacy import check_no_private_tensor_left_the_site
 from .wiretap import Wiretap
@@ -47,22 +48,22 @@ def federation(small_cohort, tmp_path_factory):
         assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
 
 
-def _submit(fed, config, tmp_path, **extra):
-    rc = {**run_config_from_experiment(config), "workdir": str(tmp_path),
-          "tracking-uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "federation-id": tmp_path.name,
-          "wait-timeout": 60.0, **extra}
+def _submit(fed, config, tmp_path, **server):
+    rc = run_config(config, ServerSettings(**{
+        "workdir": tmp_path, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
     events = []
     return fed.watch(run, on_event=events.append, timeout=300, results_dir=tmp_path), events
 
 
 def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_cohort, tmp_path):
-    config = ExperimentConfig(strategy="fedbn", rounds=3, sites=SITES, data_dir=small_cohort,
+    config = RunSpec(strategy="fedbn", rounds=3, sites=SITES, data_dir=small_cohort,
                               device="cpu")
     result, events = _submit(federation, config, tmp_path)
 
     torch.set_num_threads(1)
-    reference = run_experiment(config).final()
+    reference = run_spec(config)[0].final()
     assert list(result["final"]) == list(SITES)
     for site in SITES:
         got, want = result["final"][site], reference[site]
@@ -92,9 +93,9 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
 
 
 def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, tmp_path):
-    config = ExperimentConfig(strategy="fedbn", rounds=1, sites=SITES, data_dir=small_cohort)
+    config = RunSpec(strategy="fedbn", rounds=1, sites=SITES, data_dir=small_cohort)
     with pytest.raises(FederationError, match=r"Missing sites: NYU, UM"):
-        _submit(federation, config, tmp_path, **{"input-shape": "5995", "wait-timeout": 5.0})
+        _submit(federation, config, tmp_path, **{"input_shape": (5995,), "wait_timeout": 5.0})
     events = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
     reasons = [e["reason"] for e in events if e["event"] == "site-refused"]
     assert any("shape (N, 6105)" in r and "takes (N, 5995)" in r for r in reasons)

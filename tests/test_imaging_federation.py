@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from fedbn_med.driver import run_in_process
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.imaging.federate import ImagingSettings, run_federation
+from fedbn_med.pipeline import run_tracked
+from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
 TINY = {
-    "mri": (("SiteA", "SiteC"), {"image_size": "16", "subjects": "6", "slices": "4"},
+    "mri": (("SiteA", "SiteC"), {"image_size": 16, "subjects": 6, "slices": 4},
             ("adn",), ".adn.N."),
-    "xray": (("HospitalA", "HospitalB"), {"image_size": "32", "subjects": "6"},
+    "xray": (("HospitalA", "HospitalB"), {"image_size": 32, "subjects": 6},
              ("norm",), "features.norm0."),
 }
 
@@ -29,8 +29,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("task_name", sorted(TINY))
 def test_fedbn_keeps_bn_private_and_shares_the_rest(task_name: str, data_root: Path) -> None:
     sites, extra, bn_names, required = TINY[task_name]
-    config = ExperimentConfig(strategy="fedbn", rounds=2, batch_size=2, lr=1e-3,
-                              sites=sites, device="cpu", extra=extra)
+    config = RunSpec.for_task(task_name, strategy="fedbn", rounds=2, batch_size=2, lr=1e-3,
+                              sites=sites, device="cpu", **extra)
     task = get_task(task_name)
     trainers = {s: task.build_site(s, config, data_root, "cpu") for s in sites}
     history = run_in_process(trainers, config.strategy_obj(), config.rounds)
@@ -51,8 +51,8 @@ def test_fedbn_keeps_bn_private_and_shares_the_rest(task_name: str, data_root: P
 
 def test_fedavg_exchanges_bn_too(data_root: Path) -> None:
     sites, extra, _, _ = TINY["mri"]
-    config = ExperimentConfig(strategy="fedavg", rounds=1, batch_size=2, lr=1e-3,
-                              sites=sites, device="cpu", extra=extra)
+    config = RunSpec.for_task("mri", strategy="fedavg", rounds=1, batch_size=2, lr=1e-3,
+                              sites=sites, device="cpu", **extra)
     task = get_task("mri")
     trainers = {s: task.build_site(s, config, data_root, "cpu") for s in sites}
     history = run_in_process(trainers, config.strategy_obj(), 1)
@@ -66,9 +66,9 @@ def test_tracked_run_has_parent_and_site_runs(data_root: Path, tmp_path: Path) -
     sites, extra, _, _ = TINY["mri"]
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # FedAvg: the logged global weights hold the BN tensors, which are shared there.
-    config = ExperimentConfig(strategy="fedavg", rounds=2, batch_size=2, sites=sites,
-                              device="cpu", extra=extra)
-    run_federation("mri", config, tracking_uri=store, data_dir=data_root)
+    config = RunSpec.for_task("mri", strategy="fedavg", rounds=2, batch_size=2, sites=sites,
+                              device="cpu", data_dir=data_root, **extra)
+    run_tracked(config, tracking_uri=store)
     client = MlflowClient(tracking_uri=store)
     exp = client.get_experiment_by_name("mri-fedbn")
     runs = client.search_runs([exp.experiment_id])
@@ -82,9 +82,10 @@ def test_tracked_run_has_parent_and_site_runs(data_root: Path, tmp_path: Path) -
 
 
 def test_imaging_settings_errors() -> None:
-    defaults = ImagingSettings(image_size=64, subjects=24)
     with pytest.raises(ValueError, match="image_size must be a multiple of 8 and at least 16, "
                                          "got 20"):
-        ImagingSettings.from_extra({"image_size": "20"}, defaults)
+        RunSpec.for_task("mri", image_size=20)
     with pytest.raises(ValueError, match="subjects must be a positive integer, got 'many'"):
-        ImagingSettings.from_extra({"subjects": "many"}, defaults)
+        RunSpec.for_task("xray", subjects="many")
+    with pytest.raises(ValueError, match="cache must be true or false, got 'yes'"):
+        RunSpec.for_task("mri", cache="yes")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from fedbn_med.checkpoint import load_tensors
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.federation.config import run_config_from_experiment
+from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation
+from fedbn_med.spec import RunSpec
 
 from .wiretap import Wiretap
 
@@ -27,8 +27,8 @@ def _bytes(tensor: torch.Tensor) -> bytes:
 
 def test_unet_federation_keeps_adn_layers_at_the_site(tmp_path):
     sites = ("SiteA", "SiteB")
-    config = ExperimentConfig(strategy="fedbn", rounds=3, sites=sites, batch_size=4, lr=1e-3,
-                              extra={"image_size": "32", "subjects": "8", "slices": "4"})
+    config = RunSpec.for_task("mri", strategy="fedbn", rounds=3, sites=sites, batch_size=4,
+                              image_size=32, subjects=8, slices=4)
     data = tmp_path / "data"
     with LocalFederation(tmp_path / "fed") as fed:
         fed.start_superlink()
@@ -38,9 +38,9 @@ def test_unet_federation_keeps_adn_layers_at_the_site(tmp_path):
                            superlink=f"127.0.0.1:{tap.port}")
             fed.start_site("SiteB", data_dir=data, device="cpu", threads=1)
             fed.wait_sites_ready(list(sites), timeout=300)
-            rc = {**run_config_from_experiment(config), "task": "mri", "input-shape": "1,32,32",
-                  "workdir": str(tmp_path / "run"), "federation-id": "mri",
-                  "tracking-uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+            rc = run_config(config, ServerSettings(
+                workdir=tmp_path / "run", federation_id="mri",
+                tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
             results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), timeout=600,
                                 results_dir=tmp_path / "run")
         finally:

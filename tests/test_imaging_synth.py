@@ -9,9 +9,9 @@ import pydicom
 import pytest
 from scipy import stats
 
-from fedbn_med.imaging import synth
-from fedbn_med.imaging.readers import decode_items, load_datalist
-from fedbn_med.imaging.sites import load_imaging_site
+from fedbn_med.tasks.imaging import synth
+from fedbn_med.tasks.imaging.readers import decode_items, load_datalist
+from fedbn_med.tasks.imaging.site_files import load_imaging_site
 
 SIZE, SUBJECTS = 16, 6
 

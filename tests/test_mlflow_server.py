@@ -16,8 +16,8 @@ import torch
 
 from fedbn_med.driver import run_in_process
 from fedbn_med.federation.launcher import free_port
-from fedbn_med.model import AbideMLP
 from fedbn_med.strategies import FedBN
+from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tracking import FederationTracker
 from fedbn_med.trainer import SiteData, SiteTrainer
 

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.federation.config import run_config_from_experiment
+from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation, free_port
+from fedbn_med.spec import RunSpec
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def network():
 
 def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path):
     server_ns, site_ns = network
-    config = ExperimentConfig(strategy="fedbn", rounds=12, sites=SITES, data_dir=small_cohort)
+    config = RunSpec(strategy="fedbn", rounds=12, sites=SITES, data_dir=small_cohort)
     events = []
     cut = {}
     # the server namespace is new and empty: any port is free there
@@ -96,9 +96,9 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
                 _ip("link", "set", "up1", "up", ns=server_ns)
                 cut["restored"] = time.monotonic()
 
-        rc = {**run_config_from_experiment(config), "workdir": str(tmp_path / "run"),
-              "tracking-uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "federation-id": "netns",
-              "min-sites": 1, "round-timeout": 6.0}
+        rc = run_config(config, ServerSettings(
+            workdir=tmp_path / "run", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+            federation_id="netns", min_sites=1, round_timeout=6.0))
         results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), on_event=on_event,
                             timeout=600, results_dir=tmp_path / "run")
 

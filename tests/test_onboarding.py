@@ -14,8 +14,6 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedbn_med.checkpoint import save_tensors
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.model import AbideMLP
 from fedbn_med.onboarding import (
     CheckpointSource,
     FederationWeights,
@@ -34,8 +32,10 @@ from fedbn_med.onboarding import (
     save_bn_affine,
 )
 from fedbn_med.partition import partition_model, select
-from fedbn_med.sites import load_site
+from fedbn_med.spec import RunSpec
 from fedbn_med.strategies import FedBN
+from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.tasks.abide.sites import load_site
 from fedbn_med.trainer import SiteData, SiteTrainer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,7 +150,7 @@ def test_averaged_scale_shift_round_trip_and_use(tmp_path):
         n = 60 if site == "A" else 30
         trainers[site] = SiteTrainer(site, _mlp(), _site_data(shift, scale, i, n=n), FedBN(),
                                      batch_size=16, device="cpu")
-        trainers[site].train({}, {"round": 1})
+        trainers[site].fit({}, {"round": 1})
     affine = average_bn_affine(trainers.values())
     a, b = (t.private_state() for t in trainers.values())
     key = "net.1.weight"
@@ -258,7 +258,7 @@ def test_mismatched_site_is_refused_before_anything_runs(tmp_path, small_cohort)
     site = dataclasses.replace(load_site("UCLA"), data_dir=small_cohort)
     with pytest.raises(ValueError, match=r"Site 'UCLA' has data of shape \(N, 6105\) but the "
                                          r"federation's model takes \(N, 100\)"):
-        onboard_new_site(site, ExperimentConfig(), federation=CheckpointSource(ckpt),
+        onboard_new_site(site, RunSpec(), federation=CheckpointSource(ckpt),
                          tracking_uri=uri)
     assert not (tmp_path / "never.db").exists()  # nothing was logged
 

@@ -15,20 +15,21 @@ from pathlib import Path
 import torch
 
 from fedbn_med.checkpoint import load_tensors
-from fedbn_med.experiment import ExperimentConfig, build_trainer
-from fedbn_med.sites import load_sites
+from fedbn_med.spec import RunSpec
+from fedbn_med.tasks.abide.build import build_trainer
+from fedbn_med.tasks.abide.sites import load_sites
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().to(torch.float32).numpy().tobytes()
 
 
-def check_no_private_tensor_left_the_site(wire: bytes, config: ExperimentConfig, site: str,
+def check_no_private_tensor_left_the_site(wire: bytes, config: RunSpec, site: str,
                                           run_dir: Path, store_dir: Path) -> None:
     """Assert the recording holds the site's shared tensors and none of its BN tensors."""
     torch.set_num_threads(1)
     trainer = build_trainer(load_sites([site])[site], config, device="cpu")
-    sent, _, _ = trainer.train(trainer.shared_weights(), {"round": 1})
+    sent, _, _ = trainer.fit(trainer.shared_weights(), {"round": 1})
     private = trainer.private_state()
     assert private, "the network has BN layers"
 

@@ -1,4 +1,4 @@
-"""The server's checks of replies, and the packing of tensors into Flower records."""
+"""The checks on a round's replies, and the packing of tensors into Flower records."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import torch
 from flwr.app import RecordDict
 
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.federation.server_app import validate_update
+from fedbn_med.rounds import check_reply
 
 EXPECTED = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
 
 
 def test_sound_update_passes():
-    assert validate_update("A", {"w": torch.ones(3, 2), "b": torch.ones(2)}, EXPECTED, ()) is None
+    assert check_reply({"w": torch.ones(3, 2), "b": torch.ones(2)}, EXPECTED, ()) is None
 
 
 @pytest.mark.parametrize("update, reason", [
@@ -26,7 +26,7 @@ def test_sound_update_passes():
      "site-private keys"),
 ])
 def test_bad_updates_are_refused_with_a_reason(update, reason):
-    got = validate_update("A", update, EXPECTED, {"bn.running_mean"})
+    got = check_reply(update, EXPECTED, {"bn.running_mean"})
     assert got is not None
     import re
     assert re.search(reason, got), got

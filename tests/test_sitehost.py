@@ -1,4 +1,4 @@
-"""The site host forks real, separate site processes and reports how they end."""
+"""The site host forks real, separate site processes and reports how they end, as events."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import time
 import psutil
 import pytest
 
-from fedbn_med.federation.launcher import ForkedSite, LocalFederation, free_port
+from fedbn_med.federation.launcher import (
+    FederationError,
+    ForkedSite,
+    LocalFederation,
+    free_port,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +37,17 @@ def test_forked_sites_are_separate_processes_with_their_own_exit(small_cohort, t
                 time.sleep(0.05)
             assert os.getsid(proc.pid) == proc.pid
 
-        # the site that cannot reach the server exits 2 with the reason in its own log
+        # the host had not initialised CUDA when it said it was ready
+        assert fed.host_ready is not None and fed.host_ready.cuda_initialized is False
+
+        # the site that cannot reach the server exits 2, saying why in an event and its log
         assert quick.wait(timeout=120) == 2
+        assert f"could not reach the federation server at {nowhere}" in quick.status.failure
         log = (tmp_path / "logs" / "site-NYU.log").read_text()
         assert f"could not reach the federation server at {nowhere}" in log
+        with pytest.raises(FederationError, match=r"Site NYU exited at start-up:\n"
+                                                  r"Site 'NYU' could not reach"):
+            fed.wait_sites_ready(["NYU"], timeout=5)
 
         # a killed site is reported as killed; the other one is still running
         slow.kill()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbn_med.data.splits import Split, site_splits
+from fedbn_med.tasks.abide.splits import Split, site_splits
 
 LABELS = np.array([1] * 37 + [0] * 27)  # UCLA_1 after QC: 37 ASD, 27 controls
 

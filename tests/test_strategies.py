@@ -3,11 +3,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedbn_med.model import AbideMLP
 from fedbn_med.partition import partition_model
 from fedbn_med.strategies import (
-    STRATEGIES, Centralized, FedAvg, FedBN, FedProx, SingleSet, get_strategy, weighted_average,
+    STRATEGIES,
+    Centralized,
+    FedAvg,
+    FedBN,
+    FedProx,
+    SingleSet,
+    get_strategy,
+    weighted_average,
 )
+from fedbn_med.tasks.abide.model import AbideMLP
 
 
 def test_weighted_mean_exact():

@@ -1,7 +1,7 @@
 """The ClientApp: one site's :class:`SiteTrainer` behind Flower messages.
 
-The site is named by the node config (``site='UCLA'``); the run config carries the
-hyper-parameters. A site sends only the keys its strategy exchanges: under FedBN never a
+The site is named by the node config (:class:`~fedbn_med.federation.config.NodeSettings`);
+the run config carries the :class:`~fedbn_med.spec.RunSpec`. A site sends only the keys its strategy exchanges: under FedBN never a
 normalisation-layer tensor. Whatever the site keeps (its BN layers; under SingleSet its
 whole model) is saved after every round, atomically, in the node's ``state-dir``, so a
 restarted site resumes with its own state and a runtime that starts a fresh process per
@@ -18,9 +18,10 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
-from fedbn_med.federation.config import NodeSettings, experiment_from_run_config
+from fedbn_med.federation.config import NodeSettings, read_run_config
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import select
+from fedbn_med.rounds import plan_round
 from fedbn_med.tasks import get_task
 from fedbn_med.trainer import SiteTrainer
 
@@ -74,13 +75,12 @@ _SETUPS = {"count": 0}
 def runtime(context: Context) -> SiteRuntime:
     """Return this site's runtime for the run, building it on the run's first message."""
     node = NodeSettings.from_node_config(context.node_config)
-    federation_id = str(context.run_config.get("federation-id", context.run_id))
     key = (context.run_id, node.site)
     if key not in _RUNTIMES:
-        config = experiment_from_run_config(context.run_config)
-        task = get_task(str(context.run_config.get("task", "abide")))
+        config, server = read_run_config(context.run_config)
+        task = get_task(config.task)
         trainer = task.build_site(node.site, config, node.data_dir, node.device)
-        state_path = node.state_dir / federation_id / f"{node.site}.safetensors"
+        state_path = node.state_dir / server.federation_id / f"{node.site}.safetensors"
         rt = SiteRuntime(trainer=trainer, state_path=state_path)
         rt.restore()
         _SETUPS["count"] += 1
@@ -116,11 +116,10 @@ def train(msg: Message, context: Context) -> Message:
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation.
-        sections["eval"] = _numbers(rt.trainer.evaluate(payload.tensors))
-    run_cfg = {"round": rnd}
-    if "local-epochs" in cfg:
-        run_cfg["local_epochs"] = int(cfg["local-epochs"])  # type: ignore[arg-type]
-    weights, n, fit = rt.trainer.train(payload.tensors, run_cfg)
+        sections["eval"] = _numbers(rt.trainer.score(payload.tensors))
+    epochs = cfg.get("local-epochs")
+    plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
+    weights, n, fit = rt.trainer.fit(payload.tensors, plan.trainer_config())
     digest = rt.save(rnd)
     sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
@@ -131,7 +130,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the global weights on this site's validation and test splits."""
     rt = runtime(context)
-    metrics = rt.trainer.evaluate(unpack(msg.content).tensors)
+    metrics = rt.trainer.score(unpack(msg.content).tensors)
     return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
 
 

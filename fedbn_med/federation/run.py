@@ -16,12 +16,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fedbn_med.experiment import ExperimentConfig, resolve_site_data_dir
-from fedbn_med.federation.config import run_config_from_experiment
-from fedbn_med.federation.launcher import LocalFederation, TlsFiles
-from fedbn_med.sites import load_sites
+from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
+from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
+from fedbn_med.spec import RunSpec
+from fedbn_med.tasks import get_task
 
-__all__ = ["FlowerOptions", "prepare_builtin", "run_flower", "run_site", "serve"]
+__all__ = ["FlowerOptions", "run_flower", "run_site", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,11 @@ class FlowerOptions:
 
     workdir: Path
     tracking_uri: str
-    task: str = "abide"
     host: str = "127.0.0.1"
     port: int | None = None
-    min_sites: int = 0
-    wait_timeout: float = 120.0
-    round_timeout: float = 600.0
+    min_sites: int = ServerSettings.min_sites
+    wait_timeout: float = ServerSettings.wait_timeout
+    round_timeout: float = ServerSettings.round_timeout
     resume: bool = False
     allow_join: bool = False
     input_shape: tuple[int, ...] = ()
@@ -45,19 +44,6 @@ class FlowerOptions:
     tls: TlsFiles | None = None
     node_auth: bool = False
     progress: bool = True
-
-
-def prepare_builtin(config: ExperimentConfig) -> None:
-    """Generate the built-in cohort and cache every site's features before sites start.
-
-    Sites then start in about the time it takes to import torch, and several local site
-    processes never race to write the same files.
-    """
-    from fedbn_med.experiment import prepare_site_data
-
-    for site in load_sites(list(config.sites)).values():
-        resolve_site_data_dir(site, config)
-        prepare_site_data(site, config)
 
 
 class _Progress:
@@ -87,24 +73,30 @@ class _Progress:
         self.bar.close()
 
 
-def _run_config(config: ExperimentConfig, options: FlowerOptions) -> dict[str, object]:
-    return {**run_config_from_experiment(config), "task": options.task,
-            "workdir": str(options.workdir), "tracking-uri": options.tracking_uri,
-            "federation-id": options.federation_id, "min-sites": options.min_sites,
-            "wait-timeout": options.wait_timeout, "round-timeout": options.round_timeout,
-            "resume": options.resume, "allow-join": options.allow_join,
-            "input-shape": ",".join(str(d) for d in options.input_shape)}
+def _run_config(config: RunSpec, options: FlowerOptions) -> dict[str, str]:
+    return run_config(config, ServerSettings(
+        workdir=options.workdir, tracking_uri=options.tracking_uri or "",
+        federation_id=options.federation_id, min_sites=options.min_sites,
+        wait_timeout=options.wait_timeout, round_timeout=options.round_timeout,
+        resume=options.resume, allow_join=options.allow_join,
+        input_shape=options.input_shape))
 
 
-def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
-               data_dirs: dict[str, Path] | None = None, device: str = "auto") -> list[dict]:
+def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]:
     """Run one or more federations on this host: a SuperLink and one process per site.
 
-    The SuperLink and the site processes start once and serve every configuration in
-    turn; every process is stopped on return, on error and on Ctrl-C.
+    The SuperLink and the site processes start once and serve every spec in turn (all of
+    one task, sites, data and device); every process is stopped on return, on error and
+    on Ctrl-C. With device ``"auto"`` and ``n`` visible GPUs, site ``i`` trains on
+    ``cuda:(i mod n)`` (see :mod:`fedbn_med.federation.launcher.devices`). The task's
+    built-in data are made first, so that local sites never race to write them.
     """
     configs = list(configs)
-    sites = list(configs[0].sites)
+    first = configs[0]
+    sites = list(first.sites)
+    task = get_task(first.task)
+    if task.prepare is not None:
+        task.prepare(first)
     results = []
     threads = max(1, (os.cpu_count() or 1) // max(1, len(sites)))
     with LocalFederation(options.workdir, host=options.host, port=options.port,
@@ -113,7 +105,7 @@ def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
         # Everything that can start at once does: the site host loads torch and MONAI
         # while the SuperLink comes up, and the run is submitted before the sites are
         # ready (the ServerApp waits for them), so its start overlaps theirs.
-        fed.start_site_host(threads=threads)
+        fed.start_site_host(threads=threads, preload=[first.task])
         fed.start_superlink()
         for i, config in enumerate(configs):
             run_dir = options.workdir / f"run-{i}-{config.strategy_obj().label}-f{config.fold}"
@@ -124,9 +116,12 @@ def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
             try:
                 run = fed.submit(_run_config(config, run_opts), results_dir=run_dir)
                 if i == 0:
+                    # With "auto", the sites spread over the visible GPUs (site i on
+                    # cuda:(i mod n)); each initialises CUDA itself, after the fork.
+                    devices = site_devices(sites, first.device)
                     for site in sites:
-                        fed.start_site(site, data_dir=(data_dirs or {}).get(site),
-                                       device=device, threads=threads)
+                        fed.start_site(site, data_dir=first.data_dir, device=devices[site],
+                                       threads=threads)
                     fed.wait_sites_ready(sites, timeout=options.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
@@ -136,7 +131,7 @@ def run_flower(configs: Iterable[ExperimentConfig], options: FlowerOptions,
     return results
 
 
-def serve(config: ExperimentConfig, options: FlowerOptions) -> dict:
+def serve(config: RunSpec, options: FlowerOptions) -> dict:
     """Start the SuperLink on ``options.host``, submit the run and wait for the sites."""
     with LocalFederation(options.workdir, host=options.host, port=options.port,
                          tls=options.tls, node_auth=options.node_auth) as fed:
@@ -164,7 +159,6 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
     """Serve one hospital's site against a federation server elsewhere (hospital mode)."""
     from fedbn_med.federation.node import run_node
 
-    load_sites([site])  # an unknown site fails here, listing the valid ones
     host = superlink.rsplit(":", 1)[0]
     loopback = host in ("127.0.0.1", "localhost", "::1", "[::1]")
     if root_certificates is None and not insecure and not loopback:
@@ -173,11 +167,8 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
             "use TLS: pass --root-certificates CA.pem (from the consortium), or --insecure to "
             "send weights in clear text on a network you trust."
         )
-    node_config: dict[str, object] = {"site": site, "state-dir": str(state_dir),
-                                      "device": device}
-    if data_dir is not None:
-        node_config["data-dir"] = str(data_dir)
-    run_node(superlink, node_config, root_certificates=root_certificates,
+    node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device)
+    run_node(superlink, node, root_certificates=root_certificates,
              private_key=auth_key, insecure=root_certificates is None,
              max_wait_time=max_wait_time)
 

@@ -1,10 +1,9 @@
 """The ServerApp: discovers the sites, runs the rounds, aggregates, checkpoints, tracks.
 
 The loop is ours rather than Flower's ``FedAvg.start`` because FedBN needs what that
-loop does not give: the site behind each node, a refusal of any reply that carries a
-site-private key, a bounded wait for sites, and a checkpoint after every round. The
-average itself is :func:`fedbn_med.strategies.weighted_average`, the same pure function
-the in-process driver uses.
+loop does not give: the site behind each node, a bounded wait for sites, and a checkpoint
+after every round. The round itself (its plan, the checks on every reply, the average)
+is :mod:`fedbn_med.rounds`, the same pure functions the in-process driver calls.
 
 To keep a round's overhead small, one message per site per round does both jobs: it
 carries the new global weights, the site first scores them (the previous round's
@@ -20,39 +19,30 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-import torch
 from flwr.app import Context, Message, MessageType
 from flwr.serverapp import Grid, ServerApp
 
 from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
-from fedbn_med.experiment import ExperimentConfig
-from fedbn_med.federation.config import ServerSettings, experiment_from_run_config
+from fedbn_med.federation._flwr_compat import pull_replies
+from fedbn_med.federation.config import ServerSettings, read_run_config
+from fedbn_med.federation.events import RunFailed, append_event, shorten
 from fedbn_med.federation.pacing import Pacer
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import partition_model
-from fedbn_med.report import convergence_plot, site_table
-from fedbn_med.strategies import weighted_average
+from fedbn_med.report import convergence_plot, result_columns, site_table
+from fedbn_med.rounds import Reply, close_round, plan_round
 from fedbn_med.tasks import get_task
 
 if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
     from fedbn_med.tracking import FederationTracker
 
-__all__ = ["FastGrid", "FederationServer", "app", "validate_update"]
+__all__ = ["FastGrid", "FederationServer", "app"]
 
 logger = logging.getLogger("fedbn_med.server")
 
 app = ServerApp()
-
-
-def _shorten_object_pull_backoff() -> None:
-    # flwr 1.42's grid pulls reply contents with a 1 s first back-off (10 s cap) when a
-    # reply is visible before its contents are uploaded: a whole second lost per round.
-    from flwr.supercore.inflatable.inflatable_utils import pull_objects
-    from flwr.superlink.grid import http_grid
-
-    http_grid.pull_objects = functools.partial(pull_objects, initial_backoff=0.01,
-                                               backoff_cap=0.2)
 
 
 class FastGrid:
@@ -62,7 +52,9 @@ class FastGrid:
     round whose compute takes a fraction of a second. Here a :class:`Pacer` per message
     type learns when replies came in earlier rounds: the first ask comes shortly before
     the first reply is due, then asks come every ``poll`` seconds while replies are
-    expected, backing off to ``max_poll`` when they are late.
+    expected, backing off to ``max_poll`` when they are late. Replies are downloaded
+    with a short back-off (:func:`fedbn_med.federation._flwr_compat.pull_replies`), not
+    flwr's 1 s first wait when a reply shows before its contents.
     """
 
     def __init__(self, grid: Grid, poll: float = 0.02, max_poll: float = 0.2) -> None:
@@ -88,7 +80,7 @@ class FastGrid:
         replies: list[Message] = []
         while pending and time.monotonic() < deadline:
             asked_at = time.monotonic()
-            got = list(self.grid.pull_messages(list(pending)))
+            got = pull_replies(self.grid, pending)
             replies.extend(got)
             pending -= {m.metadata.reply_to_message_id for m in got}
             if got and len(replies) == len(got):
@@ -100,32 +92,10 @@ class FastGrid:
         return replies
 
 
-def validate_update(
-    site: str, weights: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-    private_keys: Iterable[str],
-) -> str | None:
-    """Return why an update must be left out of the average, or None when it is sound."""
-    leaked = sorted(set(weights) & set(private_keys))
-    if leaked:
-        return f"it carries site-private keys {leaked[:3]} (refused, never stored)"
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected))
-    if missing or extra:
-        return f"its keys differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})"
-    for key, tensor in weights.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            return (f"'{key}' has shape {tuple(tensor.shape)}, expected "
-                    f"{tuple(expected[key].shape)}")
-        if tensor.dtype.is_floating_point and not torch.isfinite(tensor).all():
-            return f"'{key}' holds NaN or Inf"
-    return None
-
-
 class FederationServer:
     """Run one federation over the connected site nodes."""
 
-    def __init__(self, grid: FastGrid, config: ExperimentConfig, settings: ServerSettings
-                 ) -> None:
+    def __init__(self, grid: FastGrid, config: RunSpec, settings: ServerSettings) -> None:
         self.grid = grid
         self.config = config
         self.settings = settings
@@ -135,14 +105,14 @@ class FederationServer:
                 f"Strategy '{self.strategy.name}' pools every site's data in one place; it is "
                 "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
-        self.task = get_task(settings.task)
-        self.input_shape = settings.input_shape or self.task.default_input_shape
+        self.task = get_task(config.task)
+        self.input_shape = settings.input_shape or config.input_shape()
+        self.min_sites = settings.needed(len(config.sites))
         model = self.task.build_server_model(config, self.input_shape)
         self.partition = partition_model(model)
         self.exchanged = self.strategy.exchanged_keys(self.partition)
         state = model.state_dict()
         self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
-        self.template = dict(self.global_weights)
         self.sites: dict[int, str] = {}
         self.asked: set[int] = set()
         self.query_attempts: dict[int, int] = {}
@@ -173,13 +143,13 @@ class FederationServer:
                 break
             if time.monotonic() > deadline:
                 missing = sorted(expected - found)
-                if len(found & expected) >= self.settings.min_sites:
+                if len(found & expected) >= self.min_sites:
                     logger.warning("Starting without sites %s after %.0f s", missing,
                                    self.settings.wait_timeout)
                     break
                 raise TimeoutError(
                     f"Only {len(found & expected)} of {len(expected)} sites connected within "
-                    f"{self.settings.wait_timeout:.0f} s (at least {self.settings.min_sites} "
+                    f"{self.settings.wait_timeout:.0f} s (at least {self.min_sites} "
                     f"needed). Missing sites: {', '.join(missing)}."
                 )
             time.sleep(0.2)
@@ -290,7 +260,7 @@ class FederationServer:
 
             self.tracker = FederationTracker(
                 self.settings.experiment or self.task.experiment, self.strategy.label,
-                {**self.config.params(), "min_sites": self.settings.min_sites,
+                {**self.config.params(), "min_sites": self.min_sites,
                  "federation_id": self.settings.federation_id, "engine": "flower"},
                 sorted(set(self.sites.values())),
                 tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
@@ -313,16 +283,20 @@ class FederationServer:
                ) -> dict[str, dict[str, float]]:
         connected = self._query_new_nodes()  # a restarted site rejoins here
         nodes = self._live_nodes(connected)
-        if len(nodes) < self.settings.min_sites:
+        if len(nodes) < self.min_sites:
             self.discover()
             nodes = self._live_nodes()
         started = time.monotonic()
-        evaluate_first = rnd > 1
+        plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
+        evaluate_first = plan.evaluate_first
         replies = self.grid.send(
             self._messages(nodes, MessageType.TRAIN, rnd, evaluate_first),
             timeout=self.settings.round_timeout,
         )
-        updates, fits, evals, hashes = [], {}, {}, {}
+        updates: list[Reply] = []
+        fits: dict[str, dict[str, float]] = {}
+        evals: dict[str, dict[str, float]] = {}
+        hashes: dict[str, str] = {}
         for reply in replies:
             site = nodes.get(reply.metadata.src_node_id)
             if site is None:
@@ -340,31 +314,27 @@ class FederationServer:
             except (ValueError, KeyError) as err:
                 logger.warning("Round %d: update of site %s left out: %s", rnd, site, err)
                 continue
-            weights = payload.tensors
             if "eval" in payload.sections:
                 evals[site] = payload.floats("eval")
-            if self.strategy.exchanges:
-                reason = validate_update(site, weights, self.template, self.partition.private
-                                         if self.strategy.keeps_private else ())
-                if reason is None:
-                    reason = self._outlier(site, weights, updates)
-                if reason is not None:
-                    logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
-                    self._event(event="update-refused", round=rnd, site=site, reason=reason)
-                    continue
-                updates.append((site, weights, num_examples))
             if "state" in payload.sections:
                 hashes[site] = str(payload.section("state").get("private-hash", ""))
+            updates.append(Reply(site, payload.tensors, num_examples))
             fits[site] = fits_row
+        outcome = close_round(self.strategy, self.global_weights, updates,
+                              self.partition.all - self.exchanged)
+        for site, reason in outcome.refused.items():
+            logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+            self._event(event="update-refused", round=rnd, site=site, reason=reason)
+            fits.pop(site, None)
+            hashes.pop(site, None)
+        self.global_weights = outcome.global_weights
         missing = sorted(set(nodes.values()) - set(fits))
-        if len(fits) < self.settings.min_sites:
+        if len(fits) < self.min_sites:
             raise RuntimeError(
                 f"Round {rnd}: only {len(fits)} sites answered (at least "
-                f"{self.settings.min_sites} needed); missing: {', '.join(missing)}.")
+                f"{self.min_sites} needed); missing: {', '.join(missing)}.")
         if missing:
             logger.warning("Round %d completes without sites %s", rnd, missing)
-        if self.strategy.exchanges and updates:
-            self.global_weights = weighted_average([(w, n) for _, w, n in updates])
         if evaluate_first:
             self._complete(rnd - 1, pending, evals)
         self._save_checkpoint(rnd, fits)
@@ -372,23 +342,6 @@ class FederationServer:
                     empty_polls=self.grid.empty_polls,
                     sites=sorted(fits), missing=missing, private_hashes=hashes)
         return fits
-
-    def _outlier(self, site: str, weights: Mapping[str, torch.Tensor], updates: list
-                 ) -> str | None:
-        # A norm far above the others' is left out (a site gone wrong, or a hostile one).
-        if not updates or not weights:
-            return None
-        norm = float(torch.sqrt(sum(torch.sum((w.double() - self.global_weights[k].double())
-                                              ** 2) for k, w in weights.items()
-                                    if w.dtype.is_floating_point)))
-        others = [float(torch.sqrt(sum(torch.sum((w.double() - self.global_weights[k].double())
-                                                 ** 2) for k, w in u.items()
-                                       if w.dtype.is_floating_point)))
-                  for _, u, _ in updates]
-        ref = sorted(others)[len(others) // 2]
-        if ref > 0 and norm > 50 * ref:
-            return f"its update norm {norm:.3g} is over 50x the others' median {ref:.3g}"
-        return None
 
     def _complete(self, rnd: int, fits: Mapping[str, Mapping[str, float]],
                   evals: Mapping[str, Mapping[str, float]]) -> None:
@@ -441,9 +394,7 @@ class FederationServer:
         last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
                 for r in self.rows if r["round"] == self.config.rounds}
         final = {site: last[site] for site in self.config.sites if site in last}
-        first = next(iter(final.values()), {})
-        columns = [k for k in first if k.startswith("test_") and k != "test_loss"]
-        table = site_table(final, (*columns, "num_examples"))  # type: ignore[arg-type]
+        table = site_table(final, result_columns(final))  # type: ignore[arg-type]
         results = {"strategy": self.strategy.label, "rounds": self.config.rounds,
                    "rows": self.rows, "final": final, "table": table,
                    "parent_run_id": self.tracker.parent_id,
@@ -474,7 +425,14 @@ def main(grid: Grid, context: Context) -> None:
     """Run the federation described by the run config."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    _shorten_object_pull_backoff()
-    config = experiment_from_run_config(context.run_config)
-    settings = ServerSettings.from_run_config(context.run_config, len(config.sites))
-    FederationServer(FastGrid(grid), config, settings).run()
+    try:
+        config, settings = read_run_config(context.run_config)
+    except (TypeError, ValueError) as err:
+        logger.error("The run config is not usable: %s", err)
+        raise
+    try:
+        FederationServer(FastGrid(grid), config, settings).run()
+    except Exception as err:
+        # The launcher reads this typed event to say why the run stopped.
+        append_event(settings.workdir / "progress.jsonl", RunFailed(reason=shorten(str(err))))
+        raise

@@ -1,0 +1,387 @@
+"""The one door to Flower's internals: everything fedbn-med uses that flwr does not publish.
+
+Flower's public surface (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, the
+``flwr`` and ``flower-*`` commands) has no way to run a ClientApp inside a long-lived
+process of our own, nor to pull replies with a shorter back-off. Both matter for speed
+(see :mod:`fedbn_med.federation.node` and
+:class:`fedbn_med.federation.server_app.FastGrid`), so this module uses flwr internals,
+and only this module does:
+
+- :class:`FleetSession`: our own connection of a site node to the SuperLink's Fleet API,
+  built from flwr's ``FleetHttpClient``, its request interceptors (runtime version, node
+  authentication), ``RetryInvoker``, ``HeartbeatSender``, the protobuf messages and serde
+  functions, and the object (de)inflation helpers. It never ends the process, never
+  signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
+- :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, with our back-off.
+- :func:`fused_run_config`, :func:`parse_node_config`, :data:`CLIENT_APP_RAISED`,
+  :data:`RunNotRunning`, :func:`set_message_id`, :func:`superlink_entry_point`.
+
+The installed flwr must be :data:`FLWR_VERSION`; another version raises ``ImportError``
+at import (set ``FEDBN_MED_ANY_FLWR=1`` to try anyway, with a warning).
+``tests/test_flwr_compat.py`` checks every internal named here and says what changed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
+    "fused_run_config", "parse_node_config", "pull_replies", "set_message_id",
+    "superlink_entry_point",
+]
+
+FLWR_VERSION = "1.42.0"
+
+
+def _check_version() -> None:
+    installed = importlib.metadata.version("flwr")
+    if installed == FLWR_VERSION:
+        return
+    message = (f"fedbn-med needs flwr=={FLWR_VERSION} (it uses Flower internals, see "
+               f"{__name__}), but flwr {installed} is installed. Install "
+               f"flwr=={FLWR_VERSION}, or run tests/test_flwr_compat.py to see what changed.")
+    if os.environ.get("FEDBN_MED_ANY_FLWR") == "1":
+        warnings.warn(message + " Going on because FEDBN_MED_ANY_FLWR=1.", RuntimeWarning,
+                      stacklevel=2)
+        return
+    raise ImportError(message)
+
+
+_check_version()
+
+try:  # every internal in one place: a missing one names itself here, at import
+    from flwr.app import Error, Message, Metadata
+    from flwr.app.message import make_message, remove_content_from_message
+    from flwr.common.config import get_fused_config_from_fab, parse_config_args
+    from flwr.common.constant import (
+        HEARTBEAT_DEFAULT_INTERVAL,
+        MAX_RETRY_DELAY,
+        ErrorCode,
+    )
+    from flwr.common.serde import (
+        fab_from_proto,
+        message_from_proto,
+        message_to_proto,
+        run_from_proto,
+    )
+    from flwr.proto.fab_pb2 import GetFabRequest  # pylint: disable=E0611
+    from flwr.proto.fleet_pb2 import (  # pylint: disable=E0611
+        ActivateNodeRequest,
+        DeactivateNodeRequest,
+        PullMessagesRequest,
+        PushMessagesRequest,
+        RegisterNodeFleetRequest,
+        UnregisterNodeFleetRequest,
+    )
+    from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest  # pylint: disable=E0611
+    from flwr.proto.message_pb2 import (  # pylint: disable=E0611
+        ConfirmMessageReceivedRequest,
+    )
+    from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
+    from flwr.proto.run_pb2 import GetRunRequest  # pylint: disable=E0611
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+    from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
+    from flwr.supercore.heartbeat import HeartbeatSender
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_all_nested_objects,
+        get_object_tree,
+        iterate_object_tree,
+        no_object_id_recompute,
+    )
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+        make_push_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import (
+        ObjectPullError,
+        inflate_object_from_contents,
+        pull_and_inflate_object_from_tree,
+        pull_objects,
+        push_object_contents_from_iterable,
+    )
+    from flwr.supercore.interceptors.http.runtime_version import (
+        RuntimeVersionHttpInterceptor,
+    )
+    from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
+    from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
+    from flwr.supercore.run import RunNotRunningException
+    from flwr.superlink.grid import HttpGrid
+    from flwr.supernode.fleet_http_client import FleetHttpClient
+    from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+except ImportError as err:  # pragma: no cover - only with another flwr
+    raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
+                      f"fedbn-med relies on ({err}); {__name__} needs updating for it.") from err
+
+RunNotRunning = RunNotRunningException
+"""Raised by a Fleet call for a run that has ended (HTTP 403)."""
+
+CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+"""Error code of a reply whose ClientApp raised."""
+
+# Transient failures that a call retries until its deadline (the same set flwr retries).
+_RETRY_STATUS = frozenset({502, 503, 504})
+_RETRY_ERRORS: tuple[type[Exception], ...] = (
+    httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
+    httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
+    httpx.HTTPStatusError,
+)
+
+
+class NodeForgotten(httpx.HTTPError):
+    """The SuperLink answered 401: it restarted and no longer knows this node."""
+
+
+def set_message_id(message: Message, object_id: str) -> None:
+    """Give a message the ID the SuperLink knows it by (as flwr's own runtimes do)."""
+    message.metadata.__dict__["_message_id"] = object_id
+
+
+def parse_node_config(text: str) -> dict[str, object]:
+    """Parse ``key='value' key2=3`` the way Flower's ``--node-config`` does."""
+    return dict(parse_config_args([text])) if text else {}
+
+
+def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
+    """Return the run config of ``run``: the app's defaults with the run's overrides."""
+    return dict(get_fused_config_from_fab(fab_content, run))
+
+
+def superlink_entry_point() -> str:
+    """Return ``module:function`` of the ``flower-superlink`` command, from flwr's metadata."""
+    found = importlib.metadata.entry_points(group="console_scripts", name="flower-superlink")
+    for entry in found:
+        return str(entry.value)
+    raise ImportError("flwr does not declare the 'flower-superlink' command.")
+
+
+class FleetSession:
+    """One registration of this site node with a SuperLink, over the Fleet API.
+
+    What ``flower-supernode`` does through ``http_request_response``, but with our own
+    objects: its retry policy never signals or ends the process, a 401 (a restarted
+    SuperLink that forgot this node) raises :class:`NodeForgotten` in the next call,
+    and a connection that cannot be made raises ``ConnectionError``.
+
+    Parameters
+    ----------
+    server_address : str
+        ``HOST:PORT`` of the Fleet API.
+    insecure : bool
+        Plain HTTP; otherwise TLS with ``root_certificates``.
+    root_certificates : bytes, optional
+        PEM of the CA the server's certificate must chain to.
+    authentication_keys : tuple, optional
+        The site's private and public EC key (SuperNode authentication); without them
+        the node registers itself with a fresh key pair.
+    max_wait_time : float, optional
+        How long each call keeps retrying transient failures (None: forever).
+    """
+
+    def __init__(self, server_address: str, *, insecure: bool,
+                 root_certificates: bytes | None = None,
+                 authentication_keys: tuple[Any, Any] | None = None,
+                 max_wait_time: float | None = None) -> None:
+        self.self_registered = authentication_keys is None
+        private_key, public_key = authentication_keys or generate_key_pairs()
+        self._public_key = public_key_to_bytes(public_key)
+        self._forgotten = threading.Event()
+        self._invoker = RetryInvoker(
+            lambda: exponential(max_delay=MAX_RETRY_DELAY), _RETRY_ERRORS, max_tries=None,
+            max_time=max_wait_time, should_giveup=self._should_giveup)
+        self._client = FleetHttpClient.from_server_address(
+            server_address, insecure, root_certificates,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperNode"),
+                          NodeAuthHttpInterceptor(private_key, public_key)])
+        self._heartbeat = HeartbeatSender(self._send_heartbeat)
+        self.node: Node | None = None
+
+    # -- connection ------------------------------------------------------------------------
+    def open(self) -> int:
+        """Register and activate this node; return its node ID.
+
+        Raises
+        ------
+        ConnectionError
+            When the SuperLink cannot be reached, refuses this node, or its certificate is
+            not trusted, within the session's wait time.
+        """
+        try:
+            if self.self_registered:
+                self._call(self._client.RegisterNode,
+                           RegisterNodeFleetRequest(public_key=self._public_key))
+            response = self._call(self._client.ActivateNode, ActivateNodeRequest(
+                public_key=self._public_key, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL))
+        except Exception as err:  # noqa: BLE001 - every cause is a failure to connect
+            self._client.close()
+            raise ConnectionError(f"the SuperLink did not accept this node: {err}") from err
+        self.node = Node(node_id=response.node_id)
+        self._heartbeat.start()
+        return int(self.node.node_id)
+
+    def close(self) -> None:
+        """Leave the federation (deactivate, unregister) and close the connection."""
+        if self._heartbeat.is_running:
+            self._heartbeat.stop()
+        if self.node is not None:
+            for call, request in (
+                    (self._client.DeactivateNode, DeactivateNodeRequest(node_id=self.node.node_id)),
+                    (self._client.UnregisterNode,
+                     UnregisterNodeFleetRequest(node_id=self.node.node_id))):
+                if call is self._client.UnregisterNode and not self.self_registered:
+                    continue
+                try:
+                    call(request)
+                except (httpx.HTTPError, RuntimeError):
+                    pass  # the server may be gone
+            self.node = None
+        self._client.close()
+
+    @property
+    def forgotten(self) -> bool:
+        """Return whether the SuperLink said it does not know this node (HTTP 401)."""
+        return self._forgotten.is_set()
+
+    def _should_giveup(self, exc: Exception) -> bool:
+        if isinstance(exc, httpx.HTTPStatusError):
+            code = exc.response.status_code
+            if code == 401:
+                self._forgotten.set()
+            return code not in _RETRY_STATUS
+        text = str(exc).lower()
+        return any(term in text for term in ("certificate", "ssl", "tls"))
+
+    def _call(self, method: Callable[[Any], Any], request: Any) -> Any:
+        if self._forgotten.is_set():
+            raise NodeForgotten("The SuperLink no longer knows this node (it restarted).")
+        try:
+            return self._invoker.invoke(method, request)
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code == 401:
+                raise NodeForgotten(f"The SuperLink no longer knows this node: {err}") from err
+            if err.response.status_code == 403:
+                raise RunNotRunningException from err
+            raise
+
+    def _send_heartbeat(self) -> bool:
+        if self.node is None:
+            return False
+        try:
+            response = self._client.SendNodeHeartbeat(SendNodeHeartbeatRequest(
+                node=self.node, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL))
+        except httpx.TransportError:
+            return False
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code == 401:
+                self._forgotten.set()
+                return True  # nothing to retry: the serving loop reconnects
+            return False
+        return bool(response.success)
+
+    # -- messages --------------------------------------------------------------------------
+    def receive(self) -> tuple[Message, Any] | None:
+        """Return the next message's head and object tree, or None when there is none."""
+        assert self.node is not None, "open() the session first"
+        response = self._call(self._client.PullMessages, PullMessagesRequest(node=self.node))
+        if not response.messages_list:
+            return None
+        return message_from_proto(response.messages_list[0]), response.message_object_trees[0]
+
+    def run_config(self, run_id: int) -> dict[str, Any]:
+        """Return the fused run config of a run (its app's defaults plus overrides)."""
+        run = run_from_proto(self._call(self._client.GetRun,
+                                        GetRunRequest(node=self.node, run_id=run_id)).run)
+        fab = fab_from_proto(self._call(self._client.GetFab, GetFabRequest(
+            node=self.node, hash_str=run.fab_hash, run_id=run_id)).fab)
+        return fused_run_config(fab.content, run)
+
+    def pull_message(self, run_id: int, tree: Any, initial_backoff: float = 0.01,
+                     backoff_cap: float = 0.2) -> Message:
+        """Download a received message's contents and return the whole message."""
+        pull = make_pull_object_fn_protobuf(
+            lambda request: self._call(self._client.PullObject, request), self.node, run_id)
+        confirm = make_confirm_message_received_fn_protobuf(
+            lambda request: self._call(self._client.ConfirmMessageReceived, request),
+            self.node, run_id)
+        message = pull_and_inflate_object_from_tree(
+            tree, pull, confirm, return_type=Message, initial_backoff=initial_backoff,
+            backoff_cap=backoff_cap)
+        set_message_id(message, tree.object_id)
+        return message
+
+    def push_reply(self, run_id: int, reply: Message, runtime: float) -> None:
+        """Send a reply: its head first, then the objects the SuperLink asks for."""
+        with no_object_id_recompute():
+            set_message_id(reply, reply.object_id)
+            objects = get_all_nested_objects(reply)
+            head = remove_content_from_message(reply) if reply.has_content() else reply
+            response = self._call(self._client.PushMessages, PushMessagesRequest(
+                node=self.node, messages_list=[message_to_proto(head)],
+                message_object_trees=[get_object_tree(reply)],
+                clientapp_runtime_list=[runtime]))
+            wanted, session = set(response.objects_to_push), response.session_id
+            push = make_push_object_fn_protobuf(
+                lambda request: self._call(self._client.PushObject, request), self.node,
+                run_id, session)
+            push_object_contents_from_iterable(
+                ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted), push)
+
+
+def pull_replies(grid: Any, message_ids: Iterable[str], initial_backoff: float = 0.01,
+                 backoff_cap: float = 0.2) -> list[Message]:
+    """Pull the replies to ``message_ids`` that have arrived, as ``grid.pull_messages``.
+
+    flwr 1.42's ``HttpGrid`` downloads a reply's contents with a 1 s first back-off (10 s
+    cap) when the reply is visible before its contents are uploaded, which costs a
+    second per round. This makes the same calls on the grid's own connection with a
+    short back-off, and answers the same way when contents stay unavailable (an error
+    reply) or the payload is too large (no replies). A grid of another kind
+    (simulation) is asked the ordinary way.
+    """
+    message_ids = list(message_ids)
+    if not isinstance(grid, HttpGrid):
+        return list(grid.pull_messages(message_ids))
+    client = grid._runtime_client  # noqa: SLF001 - the grid's own connection
+    run_id = grid.run.run_id
+    try:
+        response = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
+    except httpx.HTTPStatusError as err:
+        if err.response.status_code == 413:
+            return []
+        raise
+    replies: list[Message] = []
+    for head, tree in zip(response.messages_list, response.message_object_trees, strict=True):
+        message_id = head.metadata.message_id
+        try:
+            contents = pull_objects(
+                [t.object_id for t in iterate_object_tree(tree)],
+                make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id),
+                initial_backoff=initial_backoff, backoff_cap=backoff_cap)
+        except ObjectPullError as err:
+            replies.append(_unavailable(grid, run_id, head.metadata.reply_to_message_id, err))
+            continue
+        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
+            node=grid.node, run_id=run_id, message_object_id=message_id))
+        message = inflate_object_from_contents(message_id, contents)
+        set_message_id(message, message_id)
+        replies.append(message)
+    return replies
+
+
+def _unavailable(grid: Any, run_id: int, reply_to: str, err: Exception) -> Message:
+    node_id = grid.node.node_id
+    return make_message(
+        metadata=Metadata(run_id=run_id, message_id="", src_node_id=node_id,
+                          dst_node_id=node_id, message_type=SYSTEM_MESSAGE_TYPE, group_id="",
+                          ttl=0, reply_to_message_id=reply_to, created_at=time.time()),
+        error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
+                    reason=f"Reply message objects are unavailable: {err}"))

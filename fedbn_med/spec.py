@@ -1,0 +1,255 @@
+"""The run spec: every setting of one federated run, typed, frozen and validated once.
+
+A :class:`RunSpec` is built at the boundary (the command line, a benchmark, a test) and
+travels unchanged from there: to the in-process driver as an object, and to the Flower
+ServerApp and every site as one JSON string under a single run-config key
+(:data:`RUN_CONFIG_KEY`). Every default lives here or in the task's own
+``fedbn_med/tasks/<task>/settings.py`` (what differs between tasks: the sites, the rounds,
+the batch size, the learning rate, and the task's own settings class), nowhere else.
+
+Example::
+
+    spec = RunSpec.for_task("abide", rounds=50, strategy="fedavg")
+    text = spec.to_json()                      # what Flower carries
+    assert RunSpec.from_json(text) == spec
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, ClassVar, Protocol
+
+from fedbn_med.strategies import Strategy, get_strategy
+
+__all__ = [
+    "RUN_CONFIG_KEY",
+    "TASK_NAMES",
+    "RunSpec",
+    "TaskSettings",
+    "task_defaults",
+]
+
+#: The one Flower run-config (and node-config) key that carries our JSON.
+RUN_CONFIG_KEY = "fedbn-med"
+
+#: Tasks with a ``fedbn_med/tasks/<name>/settings.py``.
+TASK_NAMES = ("abide", "mri", "xray")
+
+
+class TaskSettings(Protocol):
+    """What a task's settings class provides (a frozen dataclass, validated on creation)."""
+
+    task: ClassVar[str]
+
+    def input_shape(self) -> tuple[int, ...]:
+        """Return the shape of one example the task's network takes."""
+        ...
+
+
+def _settings_module(task: str) -> ModuleType:
+    if task not in TASK_NAMES:
+        raise ValueError(f"Unknown task '{task}'. Valid tasks: {', '.join(TASK_NAMES)}.")
+    return importlib.import_module(f"fedbn_med.tasks.{task}.settings")
+
+
+def task_defaults(task: str) -> dict[str, Any]:
+    """Return the run settings in which ``task`` differs from the generic defaults.
+
+    Each task's ``settings.py`` holds ``DEFAULTS`` (for example the sites, the rounds, the
+    batch size and the learning rate) and ``Settings``, its own settings class.
+    """
+    module = _settings_module(task)
+    return {**module.DEFAULTS, "settings": module.Settings()}
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+
+
+def _default_settings() -> TaskSettings:
+    return _settings_module("abide").Settings()  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Every setting of a federated run.
+
+    Attributes
+    ----------
+    task : str
+        ``"abide"`` (connectivity, the paper's setting), ``"mri"`` or ``"xray"``.
+    strategy : str
+        A name from :data:`fedbn_med.strategies.STRATEGIES`.
+    mu : float or None
+        Proximal weight (FedProx, FedBN+prox); None is the strategy's default.
+    rounds, local_epochs, batch_size : int
+        Communication rounds, local epochs per round, examples per batch.
+    lr, dropout : float
+        SGD learning rate; dropout of the ABIDE network.
+    seed, fold, n_folds : int
+        Base seed (model initialisation, shuffling); the test fold of ``n_folds``.
+    sites : tuple of str
+        The sites of the federation, by name.
+    data_dir : Path or None
+        A data root for every site; None means each site's own file, else the built-in data.
+    device : str
+        ``"auto"`` (each site's own setting, else a local GPU when present), ``"cpu"``,
+        ``"cuda:N"``.
+    settings : TaskSettings
+        The task's own settings (ABIDE: the built-in cohort's site effect; imaging: image
+        size, subjects, slices, caching).
+    """
+
+    task: str = "abide"
+    strategy: str = "fedbn"
+    mu: float | None = None
+    rounds: int = 30
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 1e-2
+    dropout: float = 0.0
+    seed: int = 0
+    fold: int = 0
+    n_folds: int = 5
+    sites: tuple[str, ...] = ("NYU", "UM", "USM", "UCLA")
+    data_dir: Path | None = None
+    device: str = "auto"
+    settings: Any = field(default_factory=_default_settings)
+
+    def __post_init__(self) -> None:
+        module = _settings_module(self.task)
+        if not isinstance(self.settings, module.Settings):
+            raise TypeError(
+                f"settings of a '{self.task}' run must be {module.Settings.__qualname__}, got "
+                f"{type(self.settings).__name__}.")
+        get_strategy(self.strategy, self.mu)  # validates the name and mu
+        for name in ("rounds", "local_epochs", "batch_size", "n_folds"):
+            _positive_int(name, getattr(self, name))
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        if not isinstance(self.fold, int) or not 0 <= self.fold < self.n_folds:
+            raise ValueError(f"fold must be in 0..{self.n_folds - 1}, got {self.fold!r}.")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}.")
+        if not (isinstance(self.dropout, (int, float)) and 0.0 <= self.dropout < 1.0):
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}.")
+        if isinstance(self.sites, str) or not self.sites:
+            raise ValueError(f"sites must name at least one site, got {self.sites!r}.")
+        if len(set(self.sites)) != len(self.sites):
+            raise ValueError(f"sites name a site twice: {', '.join(self.sites)}.")
+        if self.data_dir is not None and not isinstance(self.data_dir, Path):
+            object.__setattr__(self, "data_dir", Path(self.data_dir))
+        object.__setattr__(self, "sites", tuple(str(s) for s in self.sites))
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def for_task(cls, task: str = "abide", **changes: Any) -> RunSpec:
+        """Return the spec of ``task`` with its defaults, then ``changes`` applied.
+
+        ``changes`` may name fields of the task's settings class too (``image_size=32``);
+        a name that is neither a run field nor a task setting raises ``ValueError``.
+        """
+        base = task_defaults(task)
+        settings = base.pop("settings")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        setting_names = {f.name for f in dataclasses.fields(settings)}
+        unknown = sorted(set(changes) - fields - setting_names)
+        if unknown:
+            raise ValueError(
+                f"Unknown setting(s) {', '.join(unknown)} for task '{task}'. Valid: "
+                f"{', '.join(sorted((fields | setting_names) - {'task', 'settings'}))}.")
+        own = {k: v for k, v in changes.items() if k in setting_names and k not in fields}
+        if own:
+            settings = dataclasses.replace(settings, **own)
+        run = {k: v for k, v in changes.items() if k in fields}
+        return cls(task=task, **{**base, "settings": settings, **run})
+
+    def replace(self, **changes: Any) -> RunSpec:
+        """Return a copy with some settings changed (task settings by their names too)."""
+        setting_names = {f.name for f in dataclasses.fields(self.settings)}
+        own = {k: changes.pop(k) for k in list(changes) if k in setting_names}
+        if own:
+            changes["settings"] = dataclasses.replace(self.settings, **own)
+        return dataclasses.replace(self, **changes)
+
+    # -- derived -------------------------------------------------------------------------
+    def strategy_obj(self) -> Strategy:
+        """Return the strategy object."""
+        return get_strategy(self.strategy, self.mu)
+
+    @property
+    def label(self) -> str:
+        """Return the strategy's display name (``fedbn+prox(mu=0.01)``)."""
+        return self.strategy_obj().label
+
+    def input_shape(self) -> tuple[int, ...]:
+        """Return the shape of one example the run's network takes."""
+        return tuple(self.settings.input_shape())
+
+    def params(self) -> dict[str, object]:
+        """Return the settings as flat loggable parameters (MLflow)."""
+        out = self.to_dict()
+        out.update(out.pop("settings"))
+        out["sites"] = ",".join(self.sites)
+        out["strategy_label"] = self.label
+        return out
+
+    # -- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Return plain JSON-able values."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["sites"] = list(self.sites)
+        out["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        out["settings"] = dataclasses.asdict(self.settings)
+        return out
+
+    def to_json(self) -> str:
+        """Return the spec as one JSON string (what the run config carries)."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunSpec:
+        """Build a validated spec from :meth:`to_dict` values; unknown keys are refused."""
+        if not isinstance(values, Mapping):
+            raise TypeError(f"A run spec must be a JSON object, got {type(values).__name__}.")
+        values = dict(values)
+        task = str(values.get("task", "abide"))
+        module = _settings_module(task)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"Unknown run spec field(s) {', '.join(unknown)}. Valid: "
+                             f"{', '.join(sorted(fields))}.")
+        raw = values.pop("settings", {}) or {}
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"'settings' must be a JSON object, got {type(raw).__name__}.")
+        known = {f.name for f in dataclasses.fields(module.Settings)}
+        bad = sorted(set(raw) - known)
+        if bad:
+            raise ValueError(f"Unknown setting(s) {', '.join(bad)} for task '{task}'. Valid: "
+                             f"{', '.join(sorted(known))}.")
+        values["settings"] = module.Settings(**raw)
+        if "sites" in values:
+            if not isinstance(values["sites"], (list, tuple)):
+                raise TypeError(f"'sites' must be a list of names, got {values['sites']!r}.")
+            values["sites"] = tuple(values["sites"])
+        if values.get("data_dir") is not None:
+            values["data_dir"] = Path(values["data_dir"])
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        """Parse :meth:`to_json` output; malformed text raises ``ValueError``."""
+        try:
+            values = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as err:
+            raise ValueError(f"The run spec is not valid JSON: {err}.") from err
+        return cls.from_dict(values)

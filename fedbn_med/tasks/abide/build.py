@@ -1,0 +1,133 @@
+"""Build an ABIDE site: its data, its split, the network and its trainer.
+
+Both engines build their sites through :func:`build_trainer`, so the in-process driver
+and the Flower deployment train on the same data with the same initial weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
+
+if TYPE_CHECKING:  # the data and training stack loads only where a site trains
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.trainer import SiteData, SiteTrainer
+
+__all__ = [
+    "build_model",
+    "build_pooled",
+    "build_server_model",
+    "build_site",
+    "build_trainer",
+    "pooled_data",
+    "prepare",
+    "prepare_site_data",
+    "resolve_site_data_dir",
+]
+
+
+def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
+    """Return the folder holding ``ABIDE_pcp/`` for a site.
+
+    Order: the run's ``data_dir``, then the site file's ``data_dir``, then the built-in
+    cohort (generated on first use under ``$FEDBN_MED_DATA`` or ``~/fedbn_med_data``).
+    """
+    if config.data_dir is not None:
+        return Path(config.data_dir)
+    if site.data_dir is not None:
+        return site.data_dir
+    from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, ensure_cohort
+
+    wanted = tuple(dict.fromkeys((*DEFAULT_SITE_IDS, *site.abide_site_ids)))
+    return ensure_cohort(sites=wanted, site_effect=config.settings.site_effect)
+
+
+def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
+    """Load a site's connectivity features and split them for this run's fold."""
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.splits import site_splits
+    from fedbn_med.trainer import SiteData
+
+    data_dir = resolve_site_data_dir(site, config)
+    feats = load_site_features(data_dir, site.abide_site_ids, name=site.name)
+    split = site_splits(feats.labels, n_folds=config.n_folds, fold=config.fold,
+                        seed=site.split_seed)
+    x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
+    y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
+
+    def part(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(np.array(idx, dtype=np.int64))
+        return x[index], y[index]
+
+    return SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
+
+
+def build_model(in_features: int, config: RunSpec) -> AbideMLP:
+    """Build the ABIDE network with the run's seed, identical at every site."""
+    torch.manual_seed(config.seed)
+    return AbideMLP(in_features, dropout=config.dropout)
+
+
+def build_trainer(
+    site: SiteConfig, config: RunSpec, data: SiteData | None = None,
+    device: str | None = None,
+) -> SiteTrainer:
+    """Build the trainer of one site for this run."""
+    from fedbn_med.trainer import SiteTrainer
+
+    data = data if data is not None else prepare_site_data(site, config)
+    return SiteTrainer(
+        site.name, build_model(data.num_features, config), data, config.strategy_obj(),
+        lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
+        seed=config.seed, device=device or (config.device if config.device != "auto"
+                                            else site.device),
+    )
+
+
+def pooled_data(datas: Sequence[SiteData]) -> SiteData:
+    """Concatenate every site's training data (validation/test stay per site)."""
+    from fedbn_med.trainer import SiteData
+
+    xs = torch.cat([d.train[0] for d in datas])
+    ys = torch.cat([d.train[1] for d in datas])
+    empty = (xs[:0], ys[:0])
+    return SiteData(train=(xs, ys), val=empty, test=empty)
+
+
+def build_site(name: str, config: RunSpec, data_dir: Path | None, device: str
+               ) -> SiteTrainer:
+    """Return the trainer of the site ``sites/<name>.toml`` (the task's ``build_site``)."""
+    site = load_sites([name])[name]
+    config = config.replace(data_dir=data_dir) if data_dir is not None else config
+    return build_trainer(site, config, device=device if device != "auto" else site.device)
+
+
+def build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideMLP:
+    """Return the network the server initialises (the task's ``build_server_model``)."""
+    return build_model(int(input_shape[0]), config)
+
+
+def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTrainer:
+    """Return one trainer over every site's training data (the Centralized baseline)."""
+    from fedbn_med.trainer import SiteTrainer
+
+    datas = [t.data for t in trainers.values()]
+    return SiteTrainer(
+        "pooled", build_model(datas[0].num_features, config), pooled_data(datas),
+        config.strategy_obj(), lr=config.lr, batch_size=config.batch_size,
+        local_epochs=config.local_epochs, seed=config.seed, device=config.device,
+    )
+
+
+def prepare(config: RunSpec) -> None:
+    """Generate the built-in cohort and cache every site's features before sites start."""
+    for site in load_sites(list(config.sites)).values():
+        prepare_site_data(site, config)
+

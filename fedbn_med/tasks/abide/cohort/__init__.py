@@ -1,0 +1,54 @@
+"""The built-in, seeded ABIDE-format cohort with realistic site (scanner) effects.
+
+:func:`ensure_cohort` returns a directory holding the cohort for a set of parameters,
+generating it on first use; :func:`generate_cohort` writes one into a given directory.
+The parts: :mod:`.atlas` (the Harvard-Oxford ROIs, read from ``ho_atlas.csv``),
+:mod:`.figures` (the real per-site figures), :mod:`.signal` (the signal model),
+:mod:`.phenotypes` (the phenotypic rows) and :mod:`.writer` (the files on disk).
+"""
+
+from __future__ import annotations
+
+from fedbn_med.tasks.abide.cohort.atlas import (
+    HO_CENTROIDS_MM,
+    HO_LABELS,
+    HO_N_VOXELS,
+    HO_SYSTEMS,
+    N_ROIS,
+    ZERO_ROI_INDEX,
+    ZERO_ROI_LABEL,
+)
+from fedbn_med.tasks.abide.cohort.figures import (
+    DEFAULT_SITE_IDS,
+    SITE_FIGURES,
+    SiteFigures,
+    site_figures_table,
+)
+from fedbn_med.tasks.abide.cohort.writer import (
+    COHORT_VERSION,
+    MANIFEST_FILENAME,
+    MAX_SUBJECTS_SCALE,
+    cohort_key,
+    ensure_cohort,
+    generate_cohort,
+)
+
+__all__ = [
+    "COHORT_VERSION",
+    "DEFAULT_SITE_IDS",
+    "HO_CENTROIDS_MM",
+    "HO_LABELS",
+    "HO_N_VOXELS",
+    "HO_SYSTEMS",
+    "MANIFEST_FILENAME",
+    "MAX_SUBJECTS_SCALE",
+    "N_ROIS",
+    "SITE_FIGURES",
+    "ZERO_ROI_INDEX",
+    "ZERO_ROI_LABEL",
+    "SiteFigures",
+    "cohort_key",
+    "ensure_cohort",
+    "generate_cohort",
+    "site_figures_table",
+]

@@ -1,0 +1,256 @@
+"""Simulate one subject's ROI time series: the cohort's signal model.
+
+Signal model
+------------
+Everything below happens per subject on the 111 Harvard-Oxford ROIs of ``rois_ho``
+(MNI centroids in :data:`HO_CENTROIDS_MM`), in Fisher-z space ``z = arctanh(r)``:
+
+1. Shared network structure ``z0``: connectivity decays with the Euclidean distance of
+   the ROI centroids (``0.55 exp(-d / 30 mm)``), plus a within-system block (a coarse,
+   hand-made assignment of the regions to ten canonical systems, :data:`HO_SYSTEMS`), a
+   homotopic (left-right mirror region) term, and a small fixed idiosyncratic part.
+2. Individual variation: system-by-system block offsets (low rank, so it stays close
+   to a valid correlation matrix) and a small independent per-connection term.
+3. Diagnosis: on a fixed subset of :data:`DX_EDGE_FRACTION` (7 %) of the connections,
+   biased towards default-mode, salience, limbic and subcortical regions, ASD shifts
+   ``z`` by ``d * DX_Z_PER_D`` with ``d`` drawn in :data:`DX_COHEN_D` (0.2 to 0.4);
+   long-range effects are mostly hypo-, short-range mostly hyper-connectivity. The
+   effect is identical at every site. ``DX_Z_PER_D`` is calibrated so that the Cohen's
+   d measured on the output features (after noise, global signal and finite sampling
+   have attenuated it) averages about 0.3 (0.24 to 0.37 per default site).
+4. Head motion: mean framewise displacement (FD) is drawn per subject (log-normal, with
+   the real site and diagnosis medians, so ASD moves more); ``z`` changes by
+   ``MOTION_GAIN * (FD - FD_ref) * (exp(-d / 25 mm) - 0.3)``: motion raises short-range
+   and lowers long-range correlations. QC-failed subjects move more.
+5. Scanner effects, as ComBat models them: per site a per-connection additive shift
+   ``gamma`` and a multiplicative scaling ``delta`` of the individual variation, each
+   with a distance-dependent part and a per-connection part.
+
+The subject's ``z`` matrix is mapped to correlations (``tanh``), made positive definite
+by eigenvalue clipping and rescaled to a unit diagonal. Time series are drawn with that
+correlation (Cholesky factor applied to AR(1) Gaussian noise, whose smoothness depends
+on TR, like band-pass filtered BOLD). Then, per site: a global signal with a
+site-specific share of variance, per-ROI noise whose level depends on the ROI size
+(fewer voxels, lower temporal SNR), on ventral susceptibility regions and on the site
+(temporal SNR), per-ROI scaling and offsets, and the site's volume count and TR. A few
+subjects per site get the real all-zero column of the 2-voxel ROI 3455 (index 82).
+
+``site_effect`` scales every site effect: shift, scaling, temporal SNR, global signal and
+amplitude scale linearly with it, while acquisition (volumes, TR) and motion figures
+move from a common reference (``site_effect=0``: 200 volumes, TR 2 s, pooled motion)
+to the real site values (``site_effect>=1``). With ``site_effect=0`` the sites differ
+only in their subject counts, diagnosis ratio, age and sex, which do not enter the
+signal.
+
+At the default settings the result behaves like real ABIDE features: a logistic
+regression tells the four default sites apart almost perfectly, while diagnosis is
+learnable only modestly (about 60 to 75 % within-site cross-validated accuracy).
+
+The figures the model starts from are in :mod:`.figures`, the atlas in :mod:`.atlas`.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.signal import lfilter
+
+from fedbn_med.tasks.abide.cohort.atlas import (
+    HO_CENTROIDS_MM,
+    HO_LABELS,
+    HO_N_VOXELS,
+    HO_SYSTEMS,
+    N_ROIS,
+    _homologue,
+)
+from fedbn_med.tasks.abide.cohort.figures import (
+    REFERENCE_FD_ASD,
+    REFERENCE_FD_CONTROL,
+    REFERENCE_FD_LOG_SD,
+    REFERENCE_TR_S,
+    REFERENCE_VOLUMES,
+    SiteFigures,
+)
+
+__all__ = ["DX_COHEN_D", "DX_EDGE_FRACTION", "DX_Z_PER_D", "MOTION_GAIN"]
+
+# Signal-model constants (Fisher-z units unless stated).
+DX_Z_PER_D = 0.25  # latent z shift per unit of Cohen's d (calibrated, see the docstring)
+DX_EDGE_FRACTION = 0.07
+DX_COHEN_D = (0.2, 0.4)
+MOTION_GAIN = 0.5  # z per mm of mean FD, at zero distance
+_BOLD_TAU_S = 4.0  # AR(1) time constant of band-pass filtered BOLD
+_MIN_EIGENVALUE = 1e-4
+
+
+@dataclass(frozen=True)
+class _Template:
+    """Population-level structure shared by every site (depends on the seed only)."""
+
+    z0: np.ndarray
+    dx_shift: np.ndarray
+    motion: np.ndarray
+    distance: np.ndarray
+    system_index: np.ndarray
+    gs_loading: np.ndarray
+    noise_var: np.ndarray
+    amplitude: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Scanner:
+    """Site-level acquisition and scanner effects (depend on seed, site and site_effect)."""
+
+    gamma: np.ndarray
+    delta: np.ndarray
+    noise_scale: np.ndarray
+    gs_var: float
+    amplitude: float
+    n_volumes: int
+    tr_s: float
+    fd_median: tuple[float, float]  # control, ASD
+    fd_log_sd: float
+
+
+def _symmetric_noise(rng: np.random.Generator, n: int, sd: float) -> np.ndarray:
+    noise = rng.normal(0.0, sd / math.sqrt(2.0), size=(n, n))
+    noise = noise + noise.T
+    np.fill_diagonal(noise, 0.0)
+    return noise
+
+
+def _build_template(seed: int) -> _Template:
+    rng = np.random.default_rng([seed, 0])
+    xyz = HO_CENTROIDS_MM
+    distance = np.sqrt(((xyz[:, None, :] - xyz[None, :, :]) ** 2).sum(-1))
+    systems = sorted(set(HO_SYSTEMS))
+    system_index = np.array([systems.index(s) for s in HO_SYSTEMS])
+    same_system = system_index[:, None] == system_index[None, :]
+    homotopic = np.zeros((N_ROIS, N_ROIS), dtype=bool)
+    for i, label in enumerate(HO_LABELS):
+        partner = _homologue(label)
+        if partner in HO_LABELS:
+            homotopic[i, HO_LABELS.index(partner)] = True
+    z0 = (
+        0.08
+        + 0.55 * np.exp(-distance / 30.0)
+        + 0.22 * same_system
+        + 0.40 * homotopic
+        + _symmetric_noise(rng, N_ROIS, 0.06)
+    )
+    np.fill_diagonal(z0, 0.0)
+
+    rows, cols = np.triu_indices(N_ROIS, k=1)
+    social = np.isin(system_index, [systems.index(s) for s in
+                                    ("default", "salience", "limbic", "subcortical")])
+    weight = 1.0 + 1.5 * (social[rows] | social[cols])
+    n_dx = round(DX_EDGE_FRACTION * len(rows))
+    picked = rng.choice(len(rows), size=n_dx, replace=False, p=weight / weight.sum())
+    long_range = distance[rows[picked], cols[picked]] >= 60.0
+    negative = np.where(long_range, rng.random(n_dx) < 0.7, rng.random(n_dx) < 0.4)
+    effect = rng.uniform(*DX_COHEN_D, size=n_dx) * DX_Z_PER_D
+    dx_shift = np.zeros((N_ROIS, N_ROIS))
+    dx_shift[rows[picked], cols[picked]] = np.where(negative, -effect, effect)
+    dx_shift = dx_shift + dx_shift.T
+
+    motion = np.exp(-distance / 25.0) - 0.3
+    np.fill_diagonal(motion, 0.0)
+    subcortical = system_index == systems.index("subcortical")
+    gs_loading = np.where(subcortical, 0.6, 1.0) + rng.normal(0.0, 0.1, N_ROIS)
+    ventral = xyz[:, 2] < -15.0  # susceptibility artefacts lower temporal SNR there
+    noise_var = np.minimum(0.15 + 40.0 / HO_N_VOXELS + 0.3 * ventral, 10.0)
+    amplitude = np.exp(rng.normal(math.log(8.0), 0.3, N_ROIS))
+    return _Template(z0, dx_shift, motion, distance, system_index, gs_loading, noise_var,
+                     amplitude)
+
+
+def _site_seed(site_id: str) -> int:
+    return zlib.crc32(site_id.encode("utf-8"))
+
+
+def _build_scanner(template: _Template, figures: SiteFigures, seed: int,
+                   site_effect: float) -> _Scanner:
+    rng = np.random.default_rng([seed, _site_seed(figures.site_id), 1])
+    a = site_effect
+    b = min(site_effect, 1.0)  # acquisition and motion: reference -> real site figures
+    near = np.exp(-template.distance / 30.0)
+    far = template.distance / 100.0
+    g0, g_near, g_far = rng.normal(0.0, (0.03, 0.08, 0.04))
+    gamma = a * (g0 + g_near * near + g_far * far + _symmetric_noise(rng, N_ROIS, 0.03))
+    h0, h_near = rng.normal(0.0, (0.15, 0.15))
+    delta = np.exp(a * (h0 + h_near * near + _symmetric_noise(rng, N_ROIS, 0.10)))
+    t_site = rng.normal(0.0, 0.35)
+    noise_scale = np.exp(a * (t_site + rng.normal(0.0, 0.25, N_ROIS)))
+    gs_var = 0.25 * math.exp(a * rng.normal(0.0, 0.5))
+    amplitude = math.exp(a * rng.normal(0.0, 0.4))
+
+    def mix(reference: float, real: float) -> float:
+        return math.exp((1 - b) * math.log(reference) + b * math.log(real))
+
+    return _Scanner(
+        gamma=gamma,
+        delta=delta,
+        noise_scale=noise_scale,
+        gs_var=gs_var,
+        amplitude=amplitude,
+        n_volumes=round((1 - b) * REFERENCE_VOLUMES + b * figures.n_volumes),
+        tr_s=(1 - b) * REFERENCE_TR_S + b * figures.tr_s,
+        fd_median=(mix(REFERENCE_FD_CONTROL, figures.fd_median_control),
+                   mix(REFERENCE_FD_ASD, figures.fd_median_asd)),
+        fd_log_sd=(1 - b) * REFERENCE_FD_LOG_SD + b * figures.fd_log_sd,
+    )
+
+
+def _ar1(rng: np.random.Generator, n_volumes: int, n_columns: int, phi: float) -> np.ndarray:
+    """Draw unit-variance AR(1) series, columns independent, after a burn-in."""
+    burn = 30
+    white = rng.standard_normal((n_volumes + burn, n_columns))
+    series = lfilter([math.sqrt(1.0 - phi**2)], [1.0, -phi], white, axis=0)
+    return series[burn:]
+
+
+def _nearest_correlation(z: np.ndarray) -> np.ndarray:
+    """Map Fisher-z to a positive definite correlation matrix (eigenvalue clipping)."""
+    corr = np.tanh(z)
+    np.fill_diagonal(corr, 1.0)
+    values, vectors = np.linalg.eigh(corr)
+    if values[0] < _MIN_EIGENVALUE:
+        corr = (vectors * np.maximum(values, _MIN_EIGENVALUE)) @ vectors.T
+        scale = 1.0 / np.sqrt(np.diag(corr))
+        corr = corr * scale[:, None] * scale[None, :]
+    return corr
+
+
+def _subject_series(
+    template: _Template,
+    scanner: _Scanner,
+    rng: np.random.Generator,
+    *,
+    asd: bool,
+    mean_fd: float,
+    n_volumes: int,
+) -> np.ndarray:
+    n_systems = int(template.system_index.max()) + 1
+    blocks = _symmetric_noise(rng, n_systems, 0.07) + np.diag(rng.normal(0, 0.07, n_systems))
+    individual = (blocks[template.system_index][:, template.system_index]
+                  + _symmetric_noise(rng, N_ROIS, 0.05))
+    fd_reference = math.sqrt(REFERENCE_FD_ASD * REFERENCE_FD_CONTROL)
+    z = (
+        template.z0
+        + scanner.gamma
+        + scanner.delta * individual
+        + (template.dx_shift if asd else 0.0)
+        + MOTION_GAIN * (mean_fd - fd_reference) * template.motion
+    )
+    np.fill_diagonal(z, 0.0)
+    chol = np.linalg.cholesky(_nearest_correlation(z))
+    phi = math.exp(-scanner.tr_s / _BOLD_TAU_S)
+    signal = _ar1(rng, n_volumes, N_ROIS, phi) @ chol.T
+    global_signal = _ar1(rng, n_volumes, 1, phi) * template.gs_loading
+    noise = _ar1(rng, n_volumes, N_ROIS, phi) * np.sqrt(template.noise_var * scanner.noise_scale)
+    series = signal + math.sqrt(scanner.gs_var) * global_signal + noise
+    offset = rng.normal(0.0, 0.5, N_ROIS)
+    return (series + offset) * template.amplitude * scanner.amplitude

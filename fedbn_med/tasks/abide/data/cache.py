@@ -1,0 +1,91 @@
+"""The on-disk feature cache: one ``.npz`` per site, keyed by everything it came from.
+
+The key hashes the feature version, the loader's options, and the size and modification
+time of the phenotypic table and of every selected ROI file, so a changed input is never
+served from a stale cache. Writes go through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedbn_med.tasks.abide.data.features import SiteFeatures
+from fedbn_med.tasks.abide.data.layout import _phenotypic_path
+
+__all__ = ["FEATURES_VERSION"]
+
+# Bump when the feature computation changes, so stale caches are not reused.
+FEATURES_VERSION = "1"
+_CACHE_DIRNAME = "cache"
+
+
+def _stat(path: Path) -> list[object]:
+    info = path.stat()
+    return [str(path), info.st_size, info.st_mtime_ns]
+
+
+def _cache_key(root: Path, selected: pd.DataFrame, options: Mapping[str, object]) -> str:
+    payload = {
+        "version": FEATURES_VERSION,
+        "options": dict(options),
+        "phenotypic": _stat(_phenotypic_path(root)),
+        "files": [_stat(Path(p)) for p in selected["path"]],
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _cache_path(root: Path, site: str, selected: pd.DataFrame,
+                options: Mapping[str, object]) -> Path:
+    """Return where the features of ``site`` for these inputs are cached."""
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", site)
+    return root / _CACHE_DIRNAME / f"abide_{safe}_{_cache_key(root, selected, options)}.npz"
+
+
+def _save_cache(path: Path, result: SiteFeatures, skipped: Sequence[tuple[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "site": np.array(result.site),
+        "features": result.features,
+        "labels": result.labels,
+        "subject_ids": np.asarray(result.subject_ids, dtype=np.int64),
+        "file_ids": np.asarray(result.file_ids, dtype=str),
+        "abide_site_ids": np.asarray(result.abide_site_ids, dtype=str),
+        "mean_fd": result.mean_fd,
+        "roi_labels": np.asarray(result.roi_labels, dtype=str),
+        "skipped": np.asarray(skipped, dtype=str).reshape(-1, 2),
+    }
+    # Write beside the target, then rename: a reader never sees a half-written cache.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load_cache(path: Path) -> tuple[SiteFeatures, list[tuple[str, str]]]:
+    with np.load(path, allow_pickle=False) as data:
+        result = SiteFeatures(
+            site=str(data["site"]),
+            features=data["features"],
+            labels=data["labels"],
+            subject_ids=tuple(int(s) for s in data["subject_ids"]),
+            file_ids=tuple(str(s) for s in data["file_ids"]),
+            abide_site_ids=tuple(str(s) for s in data["abide_site_ids"]),
+            mean_fd=data["mean_fd"],
+            roi_labels=tuple(str(s) for s in data["roi_labels"]),
+        )
+        skipped = [(str(a), str(b)) for a, b in data["skipped"]]
+    return result, skipped

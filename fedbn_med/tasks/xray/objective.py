@@ -1,0 +1,26 @@
+"""The X-ray task's objective: cross-entropy to train; ROC AUC, accuracy, F1 to score."""
+
+from __future__ import annotations
+
+import torch
+from monai.data import Dataset
+from torch import nn
+
+from fedbn_med.tasks.imaging.trainer import ImageTrainer
+
+__all__ = ["ClassificationTrainer"]
+
+
+class ClassificationTrainer(ImageTrainer):
+    """Classify whole images (binary); scores come from the parent's metrics (AUC, ...)."""
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Return the cross-entropy of the logits."""
+        return nn.functional.cross_entropy(output.float(), target.long().reshape(-1))
+
+    def score_dataset(self, dataset: Dataset) -> dict[str, float]:
+        """Return accuracy, balanced accuracy, ROC AUC, F1 and loss on a dataset."""
+        items = [dataset[i] for i in range(len(dataset))]
+        x = torch.stack([torch.as_tensor(it["image"]).float() for it in items])
+        y = torch.as_tensor([int(it["label"]) for it in items], dtype=torch.int64)
+        return self._score(x, y)

@@ -1,0 +1,71 @@
+"""Typed events: one JSON line each, read back into the class that wrote them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fedbn_med.federation import events
+
+
+@pytest.mark.parametrize("event", [
+    events.ForkRequest(argv=["--superlink", "127.0.0.1:1"], log="/x/site.log",
+                       env={"OMP_NUM_THREADS": "1"}),
+    events.HostReady(pid=12, cuda_initialized=False),
+    events.SiteForked(pid=13, cuda_initialized=False),
+    events.SiteExited(pid=13, code=-9),
+    events.NodeReady(site="NYU", node_id=123456789012, pid=13),
+    events.NodeFailed(site="NYU", reason="no server", pid=13),
+    events.Trained(round=2, seconds=0.4, empty_polls=3, sites=["NYU"], missing=["UM"],
+                   private_hashes={"NYU": "ab"}),
+    events.Round(round=1, sites={"NYU": {"test_accuracy": 0.5}}),
+    events.Rejoined(site="USM", node=7, resumed_round=2, private_hash="cd"),
+    events.Done(table="| NYU |"),
+])
+def test_an_event_survives_its_line(event):
+    line = events.encode(event)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert events.decode(line) == event
+
+
+def test_as_dict_keeps_the_progress_file_layout():
+    event = events.Trained(round=3, seconds=1.0, empty_polls=0, sites=["NYU"], missing=[], t=5.0)
+    assert event.as_dict() == {"event": "trained", "round": 3, "seconds": 1.0,
+                               "empty_polls": 0, "sites": ["NYU"], "missing": [],
+                               "private_hashes": {}, "t": 5.0}
+
+
+def test_unknown_kinds_and_newer_fields_do_not_break_a_reader():
+    unknown = events.decode('{"event": "future", "x": 1, "t": 2.0}')
+    assert isinstance(unknown, events.Unknown)
+    assert unknown.as_dict() == {"event": "future", "x": 1, "t": 2.0}
+    line = '{"event": "done", "table": "t", "extra": 1, "t": 1.0}'
+    with pytest.raises(ValueError, match=r"Event 'done' has unexpected fields \['extra'\]"):
+        events.decode(line)
+    assert events.decode(line, strict=False).as_dict()["extra"] == 1
+
+
+def test_a_line_that_is_not_an_event_is_refused_clearly():
+    with pytest.raises(ValueError, match="Expected a JSON object with an 'event' name"):
+        events.decode('{"pid": 3}')
+
+
+def test_an_event_on_a_pipe_is_one_atomic_line_even_with_a_long_reason():
+    read_end, write_end = os.pipe()
+    try:
+        assert events.emit(write_end, events.NodeFailed(site="UM", reason="x" * 10000, pid=1))
+        data = os.read(read_end, 65536)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert len(data) <= events.PIPE_ATOMIC and data.endswith(b"\n")
+    assert events.decode(data).reason.endswith("[...]")
+
+
+def test_progress_events_append_to_a_file(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    events.append_event(path, events.Ready(sites=["NYU", "UM"]))
+    events.append_event(path, events.Done(table="t"))
+    kinds = [e.kind for e in events.read_events(path.read_text().splitlines())]
+    assert kinds == ["ready", "done"]
