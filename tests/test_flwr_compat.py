@@ -21,7 +21,7 @@ DOOR = "fedbn_med/federation/_flwr_compat.py"
 NAMES = {
     "flwr.app": ["Error", "Message", "Metadata"],
     "flwr.app.message": ["make_message", "remove_content_from_message"],
-    "flwr.common.config": ["get_fused_config_from_fab", "parse_config_args"],
+    "flwr.common.config": ["get_fused_config_from_fab"],
     "flwr.common.constant": ["HEARTBEAT_DEFAULT_INTERVAL", "MAX_RETRY_DELAY", "ErrorCode"],
     "flwr.common.serde": ["fab_from_proto", "message_from_proto", "message_to_proto",
                           "run_from_proto"],
@@ -81,7 +81,6 @@ SIGNATURES = {
     "make_confirm_message_received_fn_protobuf":
         ["confirm_message_received_protobuf", "node", "run_id"],
     "flwr.common.config:get_fused_config_from_fab": ["fab_file", "run"],
-    "flwr.common.config:parse_config_args": ["config"],
     "flwr.supernode.node_auth_http_interceptor:NodeAuthHttpInterceptor.__init__":
         ["private_key", "public_key"],
     "flwr.supercore.interceptors.http.runtime_version:RuntimeVersionHttpInterceptor.__init__":
@@ -201,11 +200,6 @@ def test_message_id_lives_where_we_write_it():
 def test_superlink_command_is_declared():
     module, _, name = compat.superlink_entry_point().partition(":")
     assert callable(getattr(importlib.import_module(module), name))
-
-
-def test_node_config_is_parsed_as_flower_does():
-    assert compat.parse_node_config("site='UCLA' threads=2") == {"site": "UCLA", "threads": 2}
-    assert compat.parse_node_config("") == {}
 
 
 def test_another_flwr_version_is_refused_clearly(monkeypatch):

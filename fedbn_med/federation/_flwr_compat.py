@@ -13,7 +13,7 @@ and only this module does:
   functions, and the object (de)inflation helpers. It never ends the process, never
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
 - :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, with our back-off.
-- :func:`fused_run_config`, :func:`parse_node_config`, :data:`CLIENT_APP_RAISED`,
+- :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
   :data:`RunNotRunning`, :func:`set_message_id`, :func:`superlink_entry_point`.
 
 The installed flwr must be :data:`FLWR_VERSION`; another version raises ``ImportError``
@@ -35,7 +35,7 @@ import httpx
 
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
-    "fused_run_config", "parse_node_config", "pull_replies", "set_message_id",
+    "fused_run_config", "pull_replies", "set_message_id",
     "superlink_entry_point",
 ]
 
@@ -61,7 +61,7 @@ _check_version()
 try:  # every internal in one place: a missing one names itself here, at import
     from flwr.app import Error, Message, Metadata
     from flwr.app.message import make_message, remove_content_from_message
-    from flwr.common.config import get_fused_config_from_fab, parse_config_args
+    from flwr.common.config import get_fused_config_from_fab
     from flwr.common.constant import (
         HEARTBEAT_DEFAULT_INTERVAL,
         MAX_RETRY_DELAY,
@@ -144,11 +144,6 @@ class NodeForgotten(httpx.HTTPError):
 def set_message_id(message: Message, object_id: str) -> None:
     """Give a message the ID the SuperLink knows it by (as flwr's own runtimes do)."""
     message.metadata.__dict__["_message_id"] = object_id
-
-
-def parse_node_config(text: str) -> dict[str, object]:
-    """Parse ``key='value' key2=3`` the way Flower's ``--node-config`` does."""
-    return dict(parse_config_args([text])) if text else {}
 
 
 def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""The federation server: every round over the connected sites, checkpointed after each.
+
+The loop is ours rather than Flower's ``FedAvg.start`` because FedBN needs what that
+loop does not give: the site behind each node, a bounded wait for sites, and a checkpoint
+after every round. The round itself (its plan, the checks on every reply, the average)
+is :mod:`fedbn_med.rounds`, the same pure functions the in-process driver calls.
+
+To keep a round's overhead small, one message per site per round does both jobs: it
+carries the new global weights, the site first scores them (the previous round's
+evaluation) and then trains. After the last round one evaluate message closes the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from flwr.app import Message, MessageType
+
+from fedbn_med.background import SerialWorker
+from fedbn_med.checkpoint import load_tensors
+from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.server.discovery import SiteDiscovery
+from fedbn_med.federation.server.results import RunResults, warm_up_tracking
+from fedbn_med.partition import partition_model
+from fedbn_med.rounds import Reply, close_round, plan_round
+from fedbn_med.tasks import get_task
+
+if TYPE_CHECKING:
+    from fedbn_med.federation.config import ServerSettings
+    from fedbn_med.federation.server.grid import FastGrid
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tracking import FederationTracker
+
+__all__ = ["FederationServer"]
+
+logger = logging.getLogger("fedbn_med.server")
+
+
+class FederationServer(SiteDiscovery, RunResults):
+    """Run one federation over the connected site nodes."""
+
+    def __init__(self, grid: FastGrid, config: RunSpec, settings: ServerSettings) -> None:
+        self.grid = grid
+        self.config = config
+        self.settings = settings
+        self.strategy = config.strategy_obj()
+        if self.strategy.pooled:
+            raise ValueError(
+                f"Strategy '{self.strategy.name}' pools every site's data in one place; it is "
+                "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
+            )
+        self.task = get_task(config.task)
+        self.input_shape = settings.input_shape or config.input_shape()
+        self.min_sites = settings.needed(len(config.sites))
+        model = self.task.build_server_model(config, self.input_shape)
+        self.partition = partition_model(model)
+        self.exchanged = self.strategy.exchanged_keys(self.partition)
+        state = model.state_dict()
+        self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
+        self.sites: dict[int, str] = {}
+        self.asked: set[int] = set()
+        self.query_attempts: dict[int, int] = {}
+        self.pending: dict[str, dict[str, float]] = {}
+        self.rows: list[dict[str, object]] = []
+        self.workdir = settings.workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = self.workdir / "server" / "global.safetensors"
+        self.start_round = 1
+        self.tracker: FederationTracker | None = None
+        self.worker: SerialWorker | None = None
+        self._unlogged: list[tuple[int, dict[str, dict[str, float]]]] = []
+        self._handed_over = time.monotonic()
+
+    # -- set-up --------------------------------------------------------------------------
+    def _event(self, **event: object) -> None:
+        with open(self.workdir / "progress.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({**event, "t": time.time()}, default=float) + "\n")
+
+    def resume(self) -> str | None:
+        """Load the last global checkpoint; return the MLflow parent run ID it names."""
+        if not self.checkpoint.exists():
+            raise FileNotFoundError(
+                f"--resume was given but there is no checkpoint at {self.checkpoint}.")
+        tensors, meta = load_tensors(self.checkpoint)
+        if set(tensors) != set(self.global_weights):
+            raise ValueError(f"Checkpoint {self.checkpoint} does not fit this model/strategy.")
+        self.global_weights = tensors
+        self.start_round = int(meta["round"]) + 1  # type: ignore[call-overload]
+        self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
+        self.pending = dict(meta.get("pending", {}))  # type: ignore[arg-type]
+        logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
+        return str(meta.get("parent_run_id") or "") or None
+
+    # -- rounds --------------------------------------------------------------------------
+    def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
+                  ) -> list[Message]:
+        # Every site gets the same content: packed once, stored once by the SuperLink.
+        content = pack(self.global_weights, config={
+            "round": rnd, "local-epochs": self.config.local_epochs,
+            "evaluate-first": evaluate_first})
+        return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
+                for n in nodes]
+
+    def run(self) -> None:
+        """Run every round, then the final evaluation; write results and track them."""
+        parent_id = self.resume() if self.settings.resume else None
+        self.worker = SerialWorker()
+        try:
+            # Import MLflow and open its store while the sites connect.
+            self._event(event="server-started")
+            self.worker.submit(warm_up_tracking, self.settings.tracking_uri or None)
+            self.worker.submit(functools.partial(self._event, event="tracking-warm"))
+            self.discover()
+            self.worker.flush()
+            from fedbn_med.tracking import FederationTracker
+
+            self.tracker = FederationTracker(
+                self.settings.experiment or self.task.experiment, self.strategy.label,
+                {**self.config.params(), "min_sites": self.min_sites,
+                 "federation_id": self.settings.federation_id, "engine": "flower"},
+                sorted(set(self.sites.values())),
+                tracking_uri=self.settings.tracking_uri or None, parent_run_id=parent_id,
+            )
+            if parent_id is not None:
+                # Rounds the checkpoint holds but the store missed (logging runs behind the
+                # rounds), then a round that may have been logged in part before the crash.
+                caught_up = self.tracker.log_missing_rounds(self.rows)
+                if caught_up:
+                    logger.info("Logged rounds %s to MLflow from the checkpoint", caught_up)
+                self.tracker.dedupe_next = True
+            self._event(event="tracking-ready")
+            for rnd in range(self.start_round, self.config.rounds + 1):
+                self.pending = self._round(rnd, self.pending)
+            self._close(self.pending)
+        finally:
+            self.worker.close()
+
+    def _round(self, rnd: int, pending: dict[str, dict[str, float]]
+               ) -> dict[str, dict[str, float]]:
+        connected = self._query_new_nodes()  # a restarted site rejoins here
+        nodes = self._live_nodes(connected)
+        if len(nodes) < self.min_sites:
+            self.discover()
+            nodes = self._live_nodes()
+        started = time.monotonic()
+        plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
+        evaluate_first = plan.evaluate_first
+        replies = self.grid.send(
+            self._messages(nodes, MessageType.TRAIN, rnd, evaluate_first),
+            timeout=self.settings.round_timeout,
+        )
+        updates: list[Reply] = []
+        fits: dict[str, dict[str, float]] = {}
+        evals: dict[str, dict[str, float]] = {}
+        hashes: dict[str, str] = {}
+        for reply in replies:
+            site = nodes.get(reply.metadata.src_node_id)
+            if site is None:
+                continue
+            if reply.has_error():
+                logger.error("Round %d: site %s failed: %s", rnd, site, reply.error.reason)
+                continue
+            try:
+                payload = unpack(reply.content)
+                metrics = payload.floats("metrics")
+                num_examples = int(metrics["num-examples"])
+                fits_row = {"num_examples": metrics["num-examples"],
+                            "train_loss": metrics["train_loss"],
+                            "setups": metrics.get("setups", 0.0)}
+            except (ValueError, KeyError) as err:
+                logger.warning("Round %d: update of site %s left out: %s", rnd, site, err)
+                continue
+            if "eval" in payload.sections:
+                evals[site] = payload.floats("eval")
+            if "state" in payload.sections:
+                hashes[site] = str(payload.section("state").get("private-hash", ""))
+            updates.append(Reply(site, payload.tensors, num_examples))
+            fits[site] = fits_row
+        outcome = close_round(self.strategy, self.global_weights, updates,
+                              self.partition.all - self.exchanged)
+        for site, reason in outcome.refused.items():
+            logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+            self._event(event="update-refused", round=rnd, site=site, reason=reason)
+            fits.pop(site, None)
+            hashes.pop(site, None)
+        self.global_weights = outcome.global_weights
+        missing = sorted(set(nodes.values()) - set(fits))
+        if len(fits) < self.min_sites:
+            raise RuntimeError(
+                f"Round {rnd}: only {len(fits)} sites answered (at least "
+                f"{self.min_sites} needed); missing: {', '.join(missing)}.")
+        if missing:
+            logger.warning("Round %d completes without sites %s", rnd, missing)
+        if evaluate_first:
+            self._complete(rnd - 1, pending, evals)
+        self._save_checkpoint(rnd, fits)
+        self._event(event="trained", round=rnd, seconds=time.monotonic() - started,
+                    empty_polls=self.grid.empty_polls,
+                    sites=sorted(fits), missing=missing, private_hashes=hashes)
+        return fits
