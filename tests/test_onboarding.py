@@ -153,7 +153,7 @@ def test_averaged_scale_shift_round_trip_and_use(tmp_path):
         trainers[site].fit({}, {"round": 1})
     affine = average_bn_affine(trainers.values())
     a, b = (t.private_state() for t in trainers.values())
-    key = "net.1.weight"
+    key = "net.1.N.weight"
     torch.testing.assert_close(affine[key], (a[key] * 36 + b[key] * 18) / 54)
     assert set(affine) == bn_affine_keys(trainers["A"].model)
 

@@ -33,7 +33,7 @@ def check_no_private_tensor_left_the_site(wire: bytes, config: RunSpec, site: st
     private = trainer.private_state()
     assert private, "the network has BN layers"
 
-    for key in ("net.0.weight", "net.4.weight", "net.8.bias"):
+    for key in ("net.0.weight", "net.2.weight", "net.4.bias"):
         assert _bytes(sent[key].reshape(-1)[:16]) in wire, f"shared {key} not seen on the wire"
     floats = {k: v for k, v in private.items() if v.dtype.is_floating_point}
     assert len(floats) == 8  # weight, bias, running mean and variance of two BN layers

@@ -1,7 +1,8 @@
-"""The FedBN paper's ABIDE network."""
+"""The FedBN paper's ABIDE network, built from MONAI blocks."""
 
 from __future__ import annotations
 
+from monai.networks.blocks import ADN
 from torch import nn
 
 __all__ = ["AbideMLP"]
@@ -10,8 +11,11 @@ __all__ = ["AbideMLP"]
 class AbideMLP(nn.Module):
     """Classify a connectivity vector: in -> 16 -> 16 -> 2.
 
-    A BatchNorm1d follows each of the first two linear layers, as in the FedBN paper's
-    ABIDE experiment. These BN layers are what FedBN keeps at each site.
+    Each hidden linear layer is followed by a MONAI :class:`~monai.networks.blocks.ADN`
+    block with ``norm="batch"`` (BatchNorm1d, then ReLU, then dropout), as in the FedBN
+    paper's ABIDE experiment. These BN layers are what FedBN keeps at each site; they are
+    found by type (:mod:`fedbn_med.partition`), so their names (``net.1.N``, ``net.3.N``)
+    do not matter.
 
     Parameters
     ----------
@@ -34,17 +38,21 @@ class AbideMLP(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
         self.in_features = in_features
+        # Only the linear layers draw random numbers, in the same order as the paper's
+        # nn.Sequential: the same seed gives the same initial weights.
         self.net = nn.Sequential(
             nn.Linear(in_features, hidden),
-            nn.BatchNorm1d(hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
+            _adn(hidden, dropout),
             nn.Linear(hidden, hidden),
-            nn.BatchNorm1d(hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
+            _adn(hidden, dropout),
             nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x):  # noqa: D102
         return self.net(x)
+
+
+def _adn(channels: int, dropout: float) -> ADN:
+    """Return BatchNorm1d -> ReLU -> dropout as one MONAI block."""
+    return ADN(ordering="NAD", in_channels=channels, act="relu", norm="batch", norm_dim=1,
+               dropout=dropout or None, dropout_dim=1)
