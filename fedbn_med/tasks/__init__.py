@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from fedbn_med.trainer import SiteTrainer
 
-__all__ = ["TASK_NAMES", "Task", "get_task", "register_task"]
+__all__ = ["TASK_NAMES", "Task", "get_task", "lazy", "register_task"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,26 @@ class Task:
     build_pooled: Callable[[Mapping[str, SiteTrainer], Any], SiteTrainer] | None = None
     prepare: Callable[[Any], None] | None = None
     preload: tuple[str, ...] = ()
+
+
+def lazy(target: str, *bound: Any) -> Callable[..., Any]:
+    """Return a function that imports ``"package.module:function"`` on its first call.
+
+    A task's package registers itself with such functions, so that registering (and so
+    the ServerApp, the command line, ``--help``) imports none of the task's heavy stack;
+    ``bound`` arguments come first at every call.
+    """
+    module, sep, name = target.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"A lazy target is 'package.module:function', got '{target}'.")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        function = getattr(importlib.import_module(module), name)
+        return function(*bound, *args, **kwargs)
+
+    call.__qualname__ = call.__name__ = name
+    call.__doc__ = f"Call {target} (imported on first use)."
+    return call
 
 
 _MODULES = {"abide": "fedbn_med.tasks.abide", "mri": "fedbn_med.tasks.mri",

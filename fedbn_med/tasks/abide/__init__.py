@@ -14,56 +14,19 @@ the server model is first built.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from fedbn_med.tasks import Task, register_task
+from fedbn_med.tasks import Task, lazy, register_task
 from fedbn_med.tasks.abide.settings import Settings
-
-if TYPE_CHECKING:
-    from fedbn_med.spec import RunSpec
-    from fedbn_med.tasks.abide.model import AbideMLP
-    from fedbn_med.trainer import SiteTrainer
 
 __all__ = ["ABIDE_TASK"]
 
-
-def _build_site(name: str, config: RunSpec, data_dir: Path | None,
-                device: str) -> SiteTrainer:
-    from fedbn_med.tasks.abide.build import build_site
-
-    return build_site(name, config, data_dir, device)
-
-
-def _build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideMLP:
-    from fedbn_med.tasks.abide.build import build_server_model
-
-    return build_server_model(config, input_shape)
-
-
-def _build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTrainer:
-    from fedbn_med.tasks.abide.build import build_pooled
-
-    return build_pooled(trainers, config)
-
-
-def _prepare(config: RunSpec) -> None:
-    from fedbn_med.tasks.abide.build import prepare
-
-    prepare(config)
-
-
-def _check_sites(names: Sequence[str]) -> None:
-    from fedbn_med.tasks.abide.sites import load_sites
-
-    load_sites(list(names))
-
-
 ABIDE_TASK = register_task(Task(
-    name="abide", experiment="abide-fedbn", build_site=_build_site,
-    build_server_model=_build_server_model, default_input_shape=Settings().input_shape(),
-    check_sites=_check_sites, build_pooled=_build_pooled, prepare=_prepare,
+    name="abide", experiment="abide-fedbn",
+    build_site=lazy("fedbn_med.tasks.abide.build:build_site"),
+    build_server_model=lazy("fedbn_med.tasks.abide.build:build_server_model"),
+    default_input_shape=Settings().input_shape(),
+    check_sites=lazy("fedbn_med.tasks.abide.build:check_sites"),
+    build_pooled=lazy("fedbn_med.tasks.abide.build:build_pooled"),
+    prepare=lazy("fedbn_med.tasks.abide.build:prepare"),
     preload=("fedbn_med.tasks.abide.build", "fedbn_med.tasks.abide.data",
              "fedbn_med.tasks.abide.cohort", "fedbn_med.tasks.abide.splits"),
 ))

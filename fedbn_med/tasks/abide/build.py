@@ -26,6 +26,7 @@ __all__ = [
     "build_server_model",
     "build_site",
     "build_trainer",
+    "check_sites",
     "pooled_data",
     "prepare",
     "prepare_site_data",
@@ -80,14 +81,19 @@ def build_trainer(
     device: str | None = None,
 ) -> SiteTrainer:
     """Build the trainer of one site for this run."""
+    from fedbn_med.privacy import resolve_privacy
     from fedbn_med.trainer import SiteTrainer
 
+    # The site's own file may demand more noise than the run: checked before any data load.
+    privacy = resolve_privacy(config.privacy(), site.privacy, site.name)
+    if privacy is not None:
+        privacy.check(config.rounds, who=f"Site {site.name} ({config.rounds} rounds)")
     data = data if data is not None else prepare_site_data(site, config)
     return SiteTrainer(
         site.name, build_model(data.num_features, config), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
         seed=config.seed, device=device or (config.device if config.device != "auto"
-                                            else site.device),
+                                            else site.device), privacy=privacy,
     )
 
 
@@ -131,3 +137,8 @@ def prepare(config: RunSpec) -> None:
     for site in load_sites(list(config.sites)).values():
         prepare_site_data(site, config)
 
+
+
+def check_sites(names: Sequence[str]) -> None:
+    """Raise ``ValueError`` listing the valid sites when a name has no site file."""
+    load_sites(list(names))
