@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -28,18 +29,38 @@ from typing import Any
 from fedbn_med.argtypes import positive_int
 from fedbn_med.spec import TASK_NAMES, RunSpec, task_defaults
 from fedbn_med.strategies import STRATEGIES
+from fedbn_med.tasks.site_toml import SITE_NAME
 
 __all__ = ["build_parser", "main"]
 
 _SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
-                 "fold", "sites", "data_dir", "device")
+                 "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta")
 
 
 def _sites(text: str) -> tuple[str, ...]:
     sites = tuple(s.strip() for s in text.split(",") if s.strip())
     if not sites:
         raise argparse.ArgumentTypeError("expected site names such as NYU,UM,USM,UCLA")
+    for site in sites:
+        _site_name(site)
     return sites
+
+
+def _site_name(text: str) -> str:
+    if not SITE_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"a site's name is letters, digits, '-' or '_' (it "
+                                         f"names its file in sites/), got '{text}'")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got '{text}'")
+    return value
 
 
 def _settings(task: str) -> ModuleType:
@@ -79,6 +100,14 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                    help="the data root (default: each site's file, else the built-in data)")
     p.add_argument("--device", default=None,
                    help="auto (each site's setting, else a local GPU), cpu, cuda:N")
+    dp = p.add_argument_group("client-level differential privacy (each site's own file "
+                              "may demand more noise)")
+    dp.add_argument("--dp-clip", type=float, default=None, metavar="C",
+                    help="clip every site's update to L2 norm C")
+    dp.add_argument("--dp-noise", type=float, default=None, metavar="SIGMA",
+                    help="add Gaussian noise of std SIGMA*C to every clipped update")
+    dp.add_argument("--dp-delta", type=float, default=None, metavar="DELTA",
+                    help="delta of the reported (epsilon, delta) (default 1e-5)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a task setting: " + ", ".join(
                        f"{f}={getattr(own, f)!r}" for f in own.__dataclass_fields__))
@@ -101,14 +130,21 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                       help="run the federation server and wait for the sites")
     hosp.add_argument("--listen", default="127.0.0.1:9092",
                       help="with --serve: HOST:PORT to bind (default 127.0.0.1:9092)")
-    hosp.add_argument("--site", default=None, help="run only this hospital's site")
+    hosp.add_argument("--site", type=_site_name, default=None,
+                      help="run only this hospital's site")
     hosp.add_argument("--superlink", default=None, help="with --site: the server's HOST:PORT")
     hosp.add_argument("--state-dir", type=Path, default=None,
                       help="with --site: where the site keeps its private state")
     hosp.add_argument("--min-sites", type=int, default=0,
-                      help="rounds go on with at least this many sites (default: all)")
-    hosp.add_argument("--wait-timeout", type=float, default=300.0,
+                      help="rounds go on with at least this many sites' accepted updates "
+                           "(default: a majority of the sites)")
+    hosp.add_argument("--wait-timeout", type=_seconds, default=300.0,
                       help="seconds to wait for sites before giving up")
+    hosp.add_argument("--round-timeout", type=_seconds, default=600.0,
+                      help="seconds a round waits for a site's reply (default 600)")
+    hosp.add_argument("--share-private-layers", action="store_true",
+                      help="with --site: let this site's private (BN) layers leave it when "
+                           "the run's strategy sends them (default: refuse such runs)")
     hosp.add_argument("--resume", action="store_true",
                       help="with --serve: continue from the last global checkpoint")
     hosp.add_argument("--allow-join", action="store_true",
@@ -171,6 +207,12 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     parser = build_parser(chosen if chosen in TASK_NAMES else task)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # SIGTERM stops everything this command started, as Ctrl-C does: both unwind through
+    # the launcher's clean-up (every child process and its session).
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread: the caller handles signals
+        previous = None
     try:
         return _dispatch(args)
     except KeyboardInterrupt:
@@ -181,6 +223,14 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
             RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up, not one per signal
+    raise KeyboardInterrupt
 
 
 def _compare_list(args: argparse.Namespace) -> tuple[str, ...]:
@@ -234,6 +284,7 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
     if federated:
         options = FlowerOptions(workdir=workdir, tracking_uri=tracking_uri,
                                 min_sites=args.min_sites, wait_timeout=args.wait_timeout,
+                                round_timeout=args.round_timeout,
                                 progress=not args.quiet)
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
@@ -294,6 +345,7 @@ def _serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
                             port=int(port), min_sites=args.min_sites, tls=tls,
                             node_auth=tls is not None,
                             wait_timeout=args.wait_timeout, resume=args.resume,
+                            round_timeout=args.round_timeout,
                             allow_join=args.allow_join, federation_id="serve",
                             progress=not args.quiet)
     result = serve(spec, options)
@@ -311,5 +363,5 @@ def _site_mode(args: argparse.Namespace) -> int:
     run_site(args.site, args.superlink, state_dir=state_dir, data_dir=args.data_dir,
              device=args.device or "auto", root_certificates=args.root_certificates,
              auth_key=args.auth_key, insecure=args.insecure,
-             max_wait_time=args.wait_timeout)
+             max_wait_time=args.wait_timeout, share_private=args.share_private_layers)
     return 0

@@ -42,6 +42,7 @@ class FedBNClientAlgo(ClientAlgo):
     def __init__(self, trainer: SiteTrainer) -> None:
         self.trainer = trainer
         self.last_metrics: dict[str, float] = {}
+        self.last_weights: dict[str, torch.Tensor] | None = None
         self.aborted = False
 
     def initialize(self, extra: dict | None = None) -> None:
@@ -59,11 +60,13 @@ class FedBNClientAlgo(ClientAlgo):
         """
         if self.aborted:
             raise RuntimeError(f"Site '{self.trainer.site}' was aborted; initialize it again.")
-        _, _, self.last_metrics = self.trainer.fit(_weights_of(data), extra)
+        # What fit returns is what may leave the site (clipped and noised under DP).
+        self.last_weights, _, self.last_metrics = self.trainer.fit(_weights_of(data), extra)
 
     def get_weights(self, extra: dict | None = None) -> ExchangeObject:
         """Return the site's exchanged weights only (the FedBN post-weight filter)."""
-        shared = select(self.trainer.model.state_dict(), self.trainer.exchanged)
+        shared = (self.last_weights if self.last_weights is not None
+                  else select(self.trainer.model.state_dict(), self.trainer.exchanged))
         return ExchangeObject(
             weights={k: v.detach().to("cpu").clone() for k, v in shared.items()},
             weight_type=WeightType.WEIGHTS,

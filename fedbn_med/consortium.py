@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-__all__ = ["ConsortiumFiles", "create_consortium"]
+__all__ = ["SITE_NAME", "ConsortiumFiles", "create_consortium", "read_site_keys",
+           "site_keys_path"]
+
+#: A site's name: it names files and folders, so nothing but these characters.
+SITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+SITE_KEYS = "sites.json"
+#: The server's own processes reach the SuperLink on loopback, over the same TLS.
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -34,7 +44,7 @@ class ConsortiumFiles:
     def handout(self) -> str:
         """Return who gets which file, as a table to print."""
         rows = [("the server operator", f"{self.server_cert.name}, {self.server_key.name}, "
-                 f"{self.ca_cert.name}, every site's .pub"),
+                 f"{self.ca_cert.name}, {SITE_KEYS} (which key is which site)"),
                 ("keep offline", self.ca_key.name)]
         rows += [(f"site {site}", f"{priv.name} (secret), {self.ca_cert.name}")
                  for site, (priv, _) in self.site_keys.items()]
@@ -43,10 +53,46 @@ class ConsortiumFiles:
 
 
 def _write(path: Path, data: bytes, secret: bool) -> Path:
-    path.write_bytes(data)
-    if secret:
-        path.chmod(0o600)
+    # A secret is created 0600 (O_EXCL: never through an existing file or link), so no
+    # other account can open it between its creation and a chmod.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
     return path
+
+
+def site_keys_path(tls_dir: str | Path) -> Path:
+    """Return the consortium's key list: which public key is which site (``sites.json``)."""
+    return Path(tls_dir) / SITE_KEYS
+
+
+def read_site_keys(tls_dir: str | Path) -> dict[str, str]:
+    """Return ``{site: OpenSSH public key}`` from the consortium's ``sites.json``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the folder has no key list (made by ``pipelines/consortium_keys.py``).
+    ValueError
+        When the list is not ``{"SITE": "ecdsa-sha2-... KEY"}`` with plain site names,
+        or names one key twice.
+    """
+    path = site_keys_path(tls_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"No key list {path}: the consortium's folder from "
+                                "pipelines/consortium_keys.py has one.")
+    try:
+        keys = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"Key list {path} is not valid JSON: {err}.") from err
+    if not isinstance(keys, dict) or not all(
+            isinstance(k, str) and SITE_NAME.fullmatch(k) and isinstance(v, str) and v
+            for k, v in keys.items()):
+        raise ValueError(f"Key list {path} must map plain site names (letters, digits, "
+                         "'-', '_') to OpenSSH public keys.")
+    if len(set(keys.values())) != len(keys):
+        raise ValueError(f"Key list {path} gives one public key to several sites.")
+    return keys
 
 
 def _name(common: str) -> x509.Name:
@@ -71,6 +117,10 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         raise ValueError("Name at least one server host (e.g. fl.consortium.example).")
     if not sites:
         raise ValueError("Name at least one site.")
+    bad = [s for s in sites if not SITE_NAME.fullmatch(s)]
+    if bad or len(set(sites)) != len(sites):
+        raise ValueError(f"Site names must be distinct and plain (letters, digits, '-', "
+                         f"'_'); got {list(sites)}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     existing = [p.name for p in out.iterdir()]
@@ -92,7 +142,7 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
                                             decipher_only=False), critical=True)
                .sign(ca_key, hashes.SHA256()))
     sans: list[x509.GeneralName] = []
-    for host in server_hosts:
+    for host in dict.fromkeys([*server_hosts, *_LOOPBACK_NAMES]):
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
@@ -124,4 +174,6 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         public = _write(out / f"{site}.pub", key.public_key().public_bytes(
             serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH), False)
         files.site_keys[site] = (private, public)
+    listing = {site: pub.read_text().strip() for site, (_, pub) in files.site_keys.items()}
+    _write(site_keys_path(out), (json.dumps(listing, indent=1) + "\n").encode(), False)
     return files

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedbn_med.rounds import Reply, close_round, plan_round
+from fedbn_med.scaffold import zero_controls
 from fedbn_med.strategies import Strategy
 from fedbn_med.trainer import SiteTrainer
 
@@ -103,6 +104,9 @@ def run_in_process(
     first = pooled if strategy.pooled else next(iter(trainers.values()))
     global_weights = first.shared_weights()
     private = first.partition.all - first.exchanged
+    # SCAFFOLD's server variate, over the keys every site controls (empty otherwise)
+    control = (zero_controls(global_weights, first.control.keys)
+               if first.control is not None else {})
     for rnd in range(1, rounds + 1):
         plan = plan_round(rnd, local_epochs=local_epochs)
         round_metrics: dict[str, dict[str, float]] = {}
@@ -115,10 +119,13 @@ def run_in_process(
         else:
             replies = []
             for site, trainer in trainers.items():
-                weights, n, fit = trainer.fit(global_weights, plan.trainer_config())
-                replies.append(Reply(site, weights, n, fit))
+                weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
+                                              *((control,) if control else ()))
+                replies.append(Reply(site, weights, n, fit, trainer.control_delta))
                 round_metrics[site] = {"num_examples": n, **fit}
-            outcome = close_round(strategy, global_weights, replies, private)
+            outcome = close_round(strategy, global_weights, replies, private, control=control,
+                                  n_sites=len(trainers))
+            control = outcome.control
             for site, reason in outcome.refused.items():
                 logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
             global_weights = outcome.global_weights

@@ -18,9 +18,12 @@ def _fmt(value: float, pct: bool) -> str:
 
 
 def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
-    """Return the columns of a results table: every test metric but the loss, then size."""
+    """Return the columns of a results table: every test metric but the loss, the epsilon a
+    DP site spent, then size."""
     first = next(iter(final.values()), {})
-    return (*[k for k in first if k.startswith("test_") and k != "test_loss"], "num_examples")
+    dp = ("dp_epsilon",) if any("dp_epsilon" in m for m in final.values()) else ()
+    return (*[k for k in first if k.startswith("test_") and k != "test_loss"], *dp,
+            "num_examples")
 
 
 def site_table(
@@ -29,13 +32,15 @@ def site_table(
                               "test_f1", "num_examples"),
 ) -> str:
     """Return a markdown table with one row per site and a mean row (rates in %)."""
-    header = ["site", *[c.replace("test_", "") for c in columns]]
+    header = ["site", *["epsilon (mean row: max)" if c == "dp_epsilon" else
+                        c.replace("test_", "") for c in columns]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for site in final:
         row = [site]
         for col in columns:
             value = final[site].get(col, math.nan)
-            row.append(str(int(value)) if col == "num_examples" else _fmt(value, True))
+            row.append(str(int(value)) if col == "num_examples"
+                       else _fmt(value, col != "dp_epsilon"))
         lines.append("| " + " | ".join(row) + " |")
     mean_row = ["mean"]
     for col in columns:
@@ -43,6 +48,8 @@ def site_table(
         vals = [v for v in vals if not math.isnan(v)]
         if col == "num_examples":
             mean_row.append(str(int(sum(vals))) if vals else "n/a")
+        elif col == "dp_epsilon":  # the federation's worst case, not a mean
+            mean_row.append(_fmt(max(vals), False) if vals else "n/a")
         else:
             mean_row.append(_fmt(float(np.mean(vals)), True) if vals else "n/a")
     lines.append("| " + " | ".join(mean_row) + " |")

@@ -13,7 +13,9 @@ A round, for every strategy that exchanges weights:
 3. :func:`close_round` leaves out every reply that fails :func:`check_reply` (a private
    key, keys or shapes that differ from the model's, NaN or Inf) or whose update norm is
    far above the other sites' (:func:`outlier_reason`), then averages the rest with
-   :func:`weighted_average`.
+   :func:`weighted_average`;
+4. under SCAFFOLD, the server's control variate moves by the accepted sites' changes of
+   theirs (:func:`update_control`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "close_round",
     "outlier_reason",
     "plan_round",
+    "update_control",
     "update_norm",
     "weighted_average",
 ]
@@ -94,12 +97,16 @@ def plan_round(rnd: int, *, local_epochs: int | None = None, fold_evaluation: bo
 
 @dataclass(frozen=True)
 class Reply:
-    """One site's answer to a round: its exchanged weights and its example count."""
+    """One site's answer to a round: its exchanged weights and its example count.
+
+    ``controls`` holds the change of the site's SCAFFOLD control variate (empty otherwise).
+    """
 
     site: str
     weights: Mapping[str, torch.Tensor]
     num_examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+    controls: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,11 +121,14 @@ class RoundOutcome:
         The sites whose update went into the average, in reply order.
     refused : dict of str to str
         The sites left out, with the reason.
+    control : dict
+        The server's new SCAFFOLD control variate (empty for other strategies).
     """
 
     global_weights: Weights
     accepted: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    control: Weights = field(default_factory=dict)
 
 
 def check_reply(
@@ -176,9 +186,36 @@ def outlier_reason(norm: float, others: Sequence[float], factor: float = OUTLIER
     return None
 
 
+def update_control(
+    control: Mapping[str, torch.Tensor],
+    changes: Sequence[tuple[Mapping[str, torch.Tensor], int]], n_sites: int,
+) -> Weights:
+    """Return SCAFFOLD's new server variate ``c + |S|/N * mean_i(c_i+ - c_i)``.
+
+    Parameters
+    ----------
+    control : mapping of str to tensor
+        The server's variate ``c``.
+    changes : sequence of (change, num_examples)
+        The accepted sites' changes of their variates, averaged as the weights are
+        (weighted by training examples) so that ``c`` tracks the same objective.
+    n_sites : int
+        Sites in the federation, ``N``; ``|S|`` is ``len(changes)``.
+    """
+    if not changes:
+        return dict(control)
+    if n_sites < len(changes):
+        raise ValueError(f"n_sites must count every site of the federation ({len(changes)} "
+                         f"replied), got {n_sites}.")
+    mean = weighted_average(changes)
+    share = len(changes) / n_sites
+    return {k: (v.double() + share * mean[k].double()).to(v.dtype) for k, v in control.items()}
+
+
 def close_round(
     strategy: Strategy, global_weights: Mapping[str, torch.Tensor], replies: Sequence[Reply],
-    private_keys: Iterable[str] = (),
+    private_keys: Iterable[str] = (), *, control: Mapping[str, torch.Tensor] | None = None,
+    n_sites: int | None = None,
 ) -> RoundOutcome:
     """Check every reply, leave out the unsound ones, and average the rest.
 
@@ -192,6 +229,11 @@ def close_round(
         The sites' answers, in arrival order.
     private_keys : iterable of str
         Keys no reply may carry.
+    control : mapping of str to tensor, optional
+        The server's SCAFFOLD variate (strategies with ``controls``): every reply must
+        carry a change of the same keys and shapes, and the accepted ones move it.
+    n_sites : int, optional
+        Sites in the federation (default: the replies).
 
     Returns
     -------
@@ -199,7 +241,8 @@ def close_round(
         The new global weights, the sites averaged and the sites refused with reasons.
     """
     current = dict(global_weights)
-    outcome = RoundOutcome(global_weights=current)
+    controls = dict(control or {}) if strategy.controls else {}
+    outcome = RoundOutcome(global_weights=current, control=controls)
     if not strategy.exchanges:
         outcome.accepted = [r.site for r in replies]
         return outcome
@@ -207,6 +250,9 @@ def close_round(
     sound: list[tuple[Reply, float]] = []
     for reply in replies:
         reason = check_reply(reply.weights, current, private)
+        if reason is None and controls:
+            reason = check_reply(reply.controls, controls)
+            reason = reason and f"its control variate change is unsound: {reason}"
         if reason is None and int(reply.num_examples) <= 0:
             reason = f"it reports {reply.num_examples} training examples (expected >= 1)"
         if reason is not None:
@@ -223,4 +269,9 @@ def close_round(
     kept = [(r.weights, int(r.num_examples)) for r, _ in sound if r.site in outcome.accepted]
     if kept:
         outcome.global_weights = weighted_average(kept)
+        if controls:
+            outcome.control = update_control(
+                controls, [(r.controls, int(r.num_examples)) for r, _ in sound
+                           if r.site in outcome.accepted],
+                max(n_sites or len(replies), len(kept)))
     return outcome

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
+from fedbn_med.privacy import UpdatePrivacy
 from fedbn_med.strategies import Strategy, get_strategy
 
 __all__ = [
@@ -106,6 +107,13 @@ class RunSpec:
     settings : TaskSettings
         The task's own settings (ABIDE: the built-in cohort's site effect; imaging: image
         size, subjects, slices, caching).
+    dp_clip, dp_noise : float or None
+        Client-level DP (:mod:`fedbn_med.privacy`): every site clips its update to norm
+        ``dp_clip`` and adds Gaussian noise of std ``dp_noise * dp_clip``. Both or neither;
+        a site's own file may demand more noise. A setting whose epsilon is infinite or
+        undefined is refused.
+    dp_delta : float
+        The delta of the (epsilon, delta) each site reports.
     """
 
     task: str = "abide"
@@ -123,6 +131,9 @@ class RunSpec:
     data_dir: Path | None = None
     device: str = "auto"
     settings: Any = field(default_factory=_default_settings)
+    dp_clip: float | None = None
+    dp_noise: float | None = None
+    dp_delta: float = 1e-5
 
     def __post_init__(self) -> None:
         module = _settings_module(self.task)
@@ -148,6 +159,26 @@ class RunSpec:
         if self.data_dir is not None and not isinstance(self.data_dir, Path):
             object.__setattr__(self, "data_dir", Path(self.data_dir))
         object.__setattr__(self, "sites", tuple(str(s) for s in self.sites))
+        self._check_privacy()
+
+    def _check_privacy(self) -> None:
+        if self.dp_clip is None and self.dp_noise is None:
+            if self.dp_delta != 1e-5:
+                UpdatePrivacy(clip=1.0, noise=1.0, delta=self.dp_delta)  # validates delta
+            return
+        if self.dp_clip is None or self.dp_noise is None:
+            given, missing = (("dp_clip", "dp_noise") if self.dp_noise is None
+                              else ("dp_noise", "dp_clip"))
+            raise ValueError(f"Client-level DP needs both dp_clip and dp_noise; {given} was "
+                             f"given without {missing} (--dp-clip C --dp-noise SIGMA).")
+        strategy = self.strategy_obj()
+        if strategy.pooled or not strategy.exchanges:
+            raise ValueError(f"Client-level DP protects what leaves a site; strategy "
+                             f"'{strategy.name}' sends no update. Choose a federated strategy "
+                             "such as fedbn or fedavg, or leave out --dp-clip/--dp-noise.")
+        privacy = self.privacy()
+        assert privacy is not None
+        privacy.check(self.rounds, who=f"This run ({self.rounds} rounds)")
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -184,6 +215,12 @@ class RunSpec:
     def strategy_obj(self) -> Strategy:
         """Return the strategy object."""
         return get_strategy(self.strategy, self.mu)
+
+    def privacy(self) -> UpdatePrivacy | None:
+        """Return the run's client-level DP settings, or None when DP is off."""
+        if self.dp_clip is None or self.dp_noise is None:
+            return None
+        return UpdatePrivacy(clip=self.dp_clip, noise=self.dp_noise, delta=self.dp_delta)
 
     @property
     def label(self) -> str:

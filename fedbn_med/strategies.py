@@ -6,8 +6,10 @@ is added to the local loss (``proximal_term``), and whether the sites' data are 
 :func:`weighted_average`, used by the in-process driver and by the Flower server.
 
 FedBN is FedAvg with the site-private keys kept home; FedProx is FedAvg plus a proximal
-term; FedBN with FedProx is ``FedBN(mu=0.01)``. Adding a strategy means one class here
-and one entry in :data:`STRATEGIES`.
+term; FedBN with FedProx is ``FedBN(mu=0.01)``; SCAFFOLD is FedAvg with control variates
+(``controls``) on the exchanged parameters, and FedBN with SCAFFOLD keeps BN home, so its
+BN layers have no control variate. Adding a strategy means one class here and one entry
+in :data:`STRATEGIES`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ __all__ = [
     "Centralized",
     "FedAvg",
     "FedBN",
+    "FedBNScaffold",
     "FedProx",
+    "Scaffold",
     "SingleSet",
     "Strategy",
     "get_strategy",
@@ -48,6 +52,7 @@ class Strategy:
     keeps_private: ClassVar[bool] = False
     exchanges: ClassVar[bool] = True
     pooled: ClassVar[bool] = False
+    controls: ClassVar[bool] = False
     mu: float = 0.0
 
     def __post_init__(self) -> None:
@@ -69,6 +74,17 @@ class Strategy:
             partition.require_private(self.name)
             return partition.shared
         return partition.all
+
+    def controlled_keys(self, partition: Partition, parameters: frozenset[str]
+                        ) -> frozenset[str]:
+        """Return the keys that carry a SCAFFOLD control variate (none unless ``controls``).
+
+        These are the exchanged trainable parameters: buffers (BN running statistics) have
+        no gradient, and keys kept at the site are never corrected.
+        """
+        if not self.controls:
+            return frozenset()
+        return self.exchanged_keys(partition) & parameters
 
     def proximal_term(
         self, model: nn.Module, anchor: Mapping[str, torch.Tensor]
@@ -110,6 +126,22 @@ class FedBN(FedAvg):
 
 
 @dataclass(frozen=True)
+class Scaffold(FedAvg):
+    """FedAvg with control variates that correct each site's drift (Karimireddy et al.)."""
+
+    name: ClassVar[str] = "scaffold"
+    controls: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class FedBNScaffold(FedBN):
+    """FedBN with SCAFFOLD's control variates on the shared weights only."""
+
+    name: ClassVar[str] = "fedbn-scaffold"
+    controls: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
 class SingleSet(Strategy):
     """Train each site on its own data; nothing is exchanged."""
 
@@ -126,7 +158,8 @@ class Centralized(Strategy):
 
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedBN, FedAvg, FedProx, SingleSet, Centralized)
+    cls.name: cls for cls in (FedBN, FedAvg, FedProx, Scaffold, FedBNScaffold, SingleSet,
+                              Centralized)
 }
 
 

@@ -21,6 +21,8 @@ from torch import nn
 
 from fedbn_med.metrics import classification_metrics
 from fedbn_med.partition import partition_model, select
+from fedbn_med.privacy import UpdatePrivacy
+from fedbn_med.scaffold import CONTROL_PREFIX, SiteControl, split_controls
 from fedbn_med.strategies import Strategy
 
 __all__ = ["ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed", "resolve_device"]
@@ -102,6 +104,14 @@ class SiteTrainer:
         Base seed; each round's shuffling and dropout derive from it.
     device : str
         ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda:N"``.
+    privacy : UpdatePrivacy, optional
+        Client-level DP: every update this site sends is clipped and noised
+        (:mod:`fedbn_med.privacy`), and each reply reports the epsilon spent so far.
+
+    Under a strategy with control variates (SCAFFOLD) the site keeps its own variate
+    (``control``, a :class:`~fedbn_med.scaffold.SiteControl`) over the exchanged
+    parameters; :meth:`fit` takes the server's variate and leaves the change of the
+    site's in ``control_delta``.
     """
 
     def __init__(
@@ -116,6 +126,7 @@ class SiteTrainer:
         local_epochs: int = 1,
         seed: int = 0,
         device: str | torch.device | None = "auto",
+        privacy: UpdatePrivacy | None = None,
     ) -> None:
         if lr <= 0 or not math.isfinite(lr):
             raise ValueError(f"lr must be a positive number, got {lr}.")
@@ -135,6 +146,17 @@ class SiteTrainer:
         self.partition = partition_model(model)
         self.exchanged = strategy.exchanged_keys(self.partition)
         self.rounds_trained = 0
+        parameters = frozenset(name for name, _ in model.named_parameters())
+        controlled = strategy.controlled_keys(self.partition, parameters)
+        self.control = SiteControl(model.state_dict(), controlled) if controlled else None
+        self.control_delta: Weights = {}
+        self.privacy = privacy if self.exchanged else None
+        # Opacus accountant history, (noise multiplier, sample rate, releases): site state.
+        self.dp_history: list[tuple[float, float, int]] = []
+        self._start: Weights = {}
+        self._server_control: Weights = {}
+        self._corrections: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._steps = 0
         self._check_data()
 
     @property
@@ -184,6 +206,26 @@ class SiteTrainer:
             )
         self._load(state, allowed=self.partition.private)
 
+    def site_state(self) -> tuple[Weights, dict[str, object]]:
+        """Return what the site keeps besides its layers: its control variate, DP spent."""
+        tensors = ({CONTROL_PREFIX + k: v.clone() for k, v in self.control.state.items()}
+                   if self.control is not None else {})
+        return tensors, {"dp_history": [list(h) for h in self.dp_history]}
+
+    def load_site_state(self, tensors: Mapping[str, torch.Tensor],
+                        meta: Mapping[str, object]) -> None:
+        """Restore what :meth:`site_state` returned."""
+        _, controls = split_controls(tensors)
+        if self.control is not None and controls:
+            self.control.load(controls)
+        history: list[list[float]] = meta.get("dp_history") or []  # type: ignore[assignment]
+        self.dp_history = [(float(s), float(q), int(n)) for s, q, n in history]
+
+    @property
+    def dp_releases(self) -> int:
+        """Return the rounds in which this site released a DP update."""
+        return sum(n for _, _, n in self.dp_history)
+
     def load_shared(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Load received weights; refuse keys this site does not exchange or bad shapes."""
         self._load(weights, allowed=self.exchanged)
@@ -210,7 +252,8 @@ class SiteTrainer:
 
     # -- a round ------------------------------------------------------------------------
     def fit(
-        self, data: Mapping[str, torch.Tensor], extra: dict | None = None
+        self, data: Mapping[str, torch.Tensor], extra: dict | None = None,
+        control: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[Weights, int, dict[str, float]]:
         """Load the global weights, train locally and return the update.
 
@@ -220,14 +263,17 @@ class SiteTrainer:
             The global values of the exchanged keys (empty for SingleSet).
         extra : dict, optional
             Round config: ``round`` (int) and optionally ``local_epochs``.
+        control : mapping of str to tensor, optional
+            The server's SCAFFOLD control variate (strategies with ``controls``).
 
         Returns
         -------
         (shared_weights, num_examples, metrics)
-            The site's new exchanged weights, its number of training examples and
-            ``{"train_loss": ...}``.
+            The site's new exchanged weights (clipped and noised under DP), its number of
+            training examples and ``{"train_loss": ...}`` (plus ``dp_epsilon``,
+            ``dp_delta``, ``dp_noise``, ``dp_clip`` under DP).
         """
-        rnd, epochs, anchor = self._begin_round(data, extra)
+        rnd, epochs, anchor = self._begin_round(data, extra, control)
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
         x, y = self.data.train
         n = x.shape[0]
@@ -250,12 +296,14 @@ class SiteTrainer:
                 if prox is not None:
                     loss = loss + prox
                 loss.backward()
+                self._correct_gradients()
                 self._sgd_step(params)
                 losses.append(float(loss.detach()))
         return self._end_round(rnd, n, losses)
 
     def _begin_round(
-        self, data: Mapping[str, torch.Tensor], extra: dict | None
+        self, data: Mapping[str, torch.Tensor], extra: dict | None,
+        control: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[int, int, Weights]:
         """Load the global weights and seed the round; return (round, epochs, anchor).
 
@@ -274,8 +322,28 @@ class SiteTrainer:
              if k in self.exchanged}
             if self.strategy.mu > 0 else {}
         )
+        self._start = self.shared_weights()
+        self._steps = 0
+        self._server_control = dict(control or {})
+        self._corrections = []
+        if self.control is not None:
+            params = dict(self.model.named_parameters())
+            self._corrections = [
+                (params[k], c.to(self.device)) for k, c in
+                self.control.correction(self._server_control).items()]
         torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
         return rnd, epochs, anchor
+
+    @torch.no_grad()
+    def _correct_gradients(self, scale: float = 1.0) -> None:
+        """Count a local step and add SCAFFOLD's ``c - c_i`` to its gradients.
+
+        Call after every backward pass; ``scale`` is a gradient scaler's current scale.
+        """
+        self._steps += 1
+        for param, correction in self._corrections:
+            if param.grad is not None:
+                param.grad.add_(correction, alpha=scale)
 
     def _end_round(self, rnd: int, num_examples: int, losses: list[float]
                    ) -> tuple[Weights, int, dict[str, float]]:
@@ -284,7 +352,31 @@ class SiteTrainer:
         train_loss = float(np.mean(losses)) if losses else math.nan
         if not math.isfinite(train_loss):
             logger.warning("Site %s: training loss is %s in round %d", self.site, train_loss, rnd)
-        return self.shared_weights(), num_examples, {"train_loss": train_loss}
+        sent = self.shared_weights()
+        metrics = {"train_loss": train_loss}
+        if self.privacy is not None:
+            sent = self.privacy.privatize(sent, self._start)
+            self._record_release()
+            metrics.update(dp_epsilon=self._spent(), dp_delta=self.privacy.delta,
+                           dp_noise=self.privacy.noise, dp_clip=self.privacy.clip)
+        if self.control is not None:
+            self.control_delta = self.control.update(self._start, sent, self._server_control,
+                                                     self._steps, self.lr)
+        return sent, num_examples, metrics
+
+    def _record_release(self) -> None:
+        assert self.privacy is not None
+        last = self.dp_history[-1] if self.dp_history else None
+        if last is not None and last[0] == self.privacy.noise:
+            self.dp_history[-1] = (last[0], last[1], last[2] + 1)
+        else:
+            self.dp_history.append((self.privacy.noise, 1.0, 1))
+
+    def _spent(self) -> float:
+        from fedbn_med.privacy import epsilon
+
+        assert self.privacy is not None
+        return epsilon(0.0, 0, self.privacy.delta, self.dp_history)
 
     @torch.no_grad()
     def _sgd_step(self, params: list[torch.nn.Parameter]) -> None:

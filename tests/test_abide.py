@@ -22,6 +22,7 @@ from threadpoolctl import threadpool_limits
 
 from fedbn_med.tasks.abide.cohort import HO_LABELS, ZERO_ROI_INDEX, generate_cohort
 from fedbn_med.tasks.abide.data import (
+    MIN_VOLUMES,
     PHENOTYPIC_FILENAME,
     DataFileError,
     SiteFeatures,
@@ -99,6 +100,23 @@ def test_missing_phenotypic_table(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"ABIDE phenotypic table not found: .*"
                        r"Phenotypic_V1_0b_preprocessed1\.csv"):
         check_abide_files(tmp_path, "NYU")
+
+
+@pytest.mark.parametrize(("content", "what"), [
+    (b"", "is empty"),
+    (b"\n\n", "is empty"),
+    (b"\xff\xfe\x00garbage\x80\x81", r"is not a readable CSV file \(.*\)"),
+])
+def test_unreadable_phenotypic_table_names_file_and_format(tmp_path: Path, content: bytes,
+                                                           what: str) -> None:
+    csv = tmp_path / "ABIDE_pcp" / PHENOTYPIC_FILENAME
+    csv.parent.mkdir()
+    csv.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"The phenotypic table {re.escape(str(csv))} {what}\. "
+                       r"Expected the PCP phenotypic CSV: a header line with at least SUB_ID, "
+                       r"SITE_ID, FILE_ID, DX_GROUP \(and an unnamed index column first\), "
+                       r"then one row per subject\."):
+        read_phenotypic(tmp_path)
 
 
 def test_missing_roi_file(ucla_dir: Path) -> None:
@@ -202,6 +220,8 @@ def test_bad_file_skipped_with_one_warning(ucla_dir: Path, kind: str, message: s
         site = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(f"Skipping {paths[1]}: ")
+    if kind == "columns":  # the header is checked against the atlas before rows are read
+        message = r"the header names 110 ROIs; expected the 111 of the Harvard-Oxford atlas"
     assert re.search(message, warned[0])
     assert site.n_subjects == len(paths) - 1
     assert paths[1].name.split("_rois")[0] not in site.file_ids
@@ -218,7 +238,27 @@ def test_header_with_other_rois_skipped(ucla_dir: Path,
         site = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
     assert site.n_subjects == len(paths) - 1
     assert f"Skipping {paths[2]}: its header names other ROIs (or another order) than " \
-           f"{paths[0].name}." in caplog.text
+           f"the Harvard-Oxford atlas (rois_ho): column 0 is '{HO_LABELS[1]}', expected " \
+           f"'{HO_LABELS[0]}'." in caplog.text
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_first_file_with_a_million_columns_spoils_no_other(
+        ucla_dir: Path, header: bool, caplog: pytest.LogCaptureFixture) -> None:
+    paths = _selected_paths(ucla_dir)
+    n_columns = 10**6
+    head = "\t".join(f"#{k}" for k in range(n_columns)) + "\n" if header else ""
+    paths[0].write_text(head + ("\t".join(["1.5"] * n_columns) + "\n") * MIN_VOLUMES,
+                        encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.abide.data"):
+        site = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith(f"Skipping {paths[0]}: "), warned
+    reason = (r"the header line is longer than 1,048,576 characters; expected one "
+              r"'#<label>' per ROI column" if header else r"rows have 1000000 values; expected 111 \(one per ROI\)")
+    assert re.search(reason, warned[0])
+    assert site.n_subjects == len(paths) - 1
+    assert site.roi_labels == tuple(str(label) for label in HO_LABELS)
 
 
 def test_too_many_bad_files(ucla_dir: Path) -> None:

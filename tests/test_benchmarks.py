@@ -125,6 +125,9 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     ("heterogeneity", ["--site-effects", "0,-1"], "expected non-negative site effects"),
     ("rounds_to_target", ["--targets", "60"], "expected accuracies in (0, 1]"),
     ("rounds_to_target", ["--window", "0"], "--window must be a positive integer, got 0"),
+    ("privacy_utility", ["--epsilons", "8,-1"], "expected positive epsilons (inf: no DP)"),
+    ("privacy_utility", ["--delta", "0"], "--delta must be in (0, 1), got 0.0"),
+    ("drift", ["--target-acc", "60"], "expected a score in (0, 1], got '60'"),
 ])
 def test_bad_options_say_what_is_valid(name, argv, message, bench, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:

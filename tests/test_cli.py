@@ -11,8 +11,8 @@ from fedbn_med.tasks.abide.sites import load_site
 def test_unknown_strategy_lists_the_valid_ones(capsys):
     assert main(["--strategy", "fedbm"]) == 2
     err = capsys.readouterr().err
-    assert "Unknown strategy 'fedbm'. Valid strategies: centralized, fedavg, fedbn, fedprox, " \
-           "singleset." in err
+    assert "Unknown strategy 'fedbm'. Valid strategies: centralized, fedavg, fedbn, " \
+           "fedbn-scaffold, fedprox, scaffold, singleset." in err
 
 
 @pytest.mark.parametrize("argv", [["--site", "UCLAA", "--superlink", "127.0.0.1:1"],

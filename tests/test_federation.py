@@ -12,13 +12,18 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from fedbn_med.checkpoint import load_tensors
 from fedbn_med.driver import run_spec
 from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
+from fedbn_med.scaffold import split_controls
 from fedbn_med.spec import RunSpec
 
-from .test_privacy import check_no_private_tensor_left_the_site
+from .test_privacy import (
+    check_no_clean_update_left_the_site,
+    check_no_private_tensor_left_the_site,
+)
 from .wiretap import Wiretap
 
 pytestmark = pytest.mark.integration
@@ -90,6 +95,43 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
     # Privacy boundary: what NYU sent during this run holds no BN tensor of NYU.
     check_no_private_tensor_left_the_site(bytes(federation.wiretap.sent), config, "NYU",
                                           tmp_path, tmp_path / "artifacts")
+
+
+def test_fedbn_scaffold_over_flower_matches_in_process_driver(federation, small_cohort,
+                                                             tmp_path):
+    config = RunSpec(strategy="fedbn-scaffold", rounds=3, sites=SITES, data_dir=small_cohort,
+                     device="cpu")
+    result, _ = _submit(federation, config, tmp_path)
+
+    torch.set_num_threads(1)
+    reference = run_spec(config)[0].final()
+    for site in SITES:
+        for key in ("test_accuracy", "test_auc", "val_accuracy", "test_loss", "train_loss"):
+            assert result["final"][site][key] == pytest.approx(reference[site][key],
+                                                               abs=1e-4), (site, key)
+    # the server's variate went into its checkpoint, beside the shared weights only
+    ckpt, _ = load_tensors(tmp_path / "server" / "global.safetensors")
+    weights, control = split_controls(ckpt)
+    assert control and set(control) <= set(weights)
+
+
+def test_dp_site_never_sends_its_clean_update(federation, small_cohort, tmp_path):
+    config = RunSpec(strategy="fedbn", rounds=2, sites=SITES, data_dir=small_cohort,
+                     device="cpu", dp_clip=1.0, dp_noise=1.0, dp_delta=1e-5)
+    with federation.wiretap.lock:  # only what NYU sends during this run
+        federation.wiretap.sent.clear()
+    result, _ = _submit(federation, config, tmp_path)
+
+    check_no_clean_update_left_the_site(bytes(federation.wiretap.sent), config, "NYU")
+    spent = config.privacy().epsilon(2)
+    assert result["final"]["NYU"]["dp_epsilon"] == pytest.approx(spent)
+    assert "epsilon" in result["table"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = next(r for r in client.search_runs(
+        [client.get_experiment_by_name("abide-fedbn").experiment_id])
+        if r.data.tags.get("site") == "NYU")
+    history = client.get_metric_history(run.info.run_id, "dp_epsilon")
+    assert [m.step for m in history] == [1, 2] and history[-1].value == pytest.approx(spent)
 
 
 def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, tmp_path):

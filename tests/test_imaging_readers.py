@@ -22,6 +22,7 @@ from fedbn_med.tasks.imaging.readers import (
     read_dicom_file,
     read_dicom_series,
     read_image,
+    read_nifti,
 )
 
 
@@ -153,3 +154,56 @@ def test_datalist_errors_say_what_was_expected(tmp_path: Path) -> None:
     (tmp_path / "dl.json").write_text(json.dumps({"train": []}))
     with pytest.raises(ValueError, match=r"has keys \['train'\]; expected 'training'"):
         load_datalist(tmp_path / "dl.json")
+
+
+def _forged_nifti(path: Path, shape: tuple[int, ...]) -> Path:
+    """A header alone, gzipped to a few dozen bytes, declaring a volume of ``shape``."""
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(np.float32)
+    header.set_data_offset(352)
+    path.write_bytes(gzip.compress(header.binaryblock + b"\0" * 4, mtime=0))
+    return path
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 512), (20000, 20000, 20000)])
+def test_tiny_nifti_declaring_a_huge_volume_is_refused_before_allocation(
+        tmp_path: Path, shape: tuple[int, ...]) -> None:
+    import tracemalloc
+
+    path = _forged_nifti(tmp_path / "forged.nii.gz", shape)
+    assert path.stat().st_size < 100
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImageReadError, match=r"NIfTI too large: the header declares shape "
+                                                 rf"\({shape[0]}, .* at most 268,435,456") as err:
+            read_image(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.path == path and str(err.value).startswith(f"{path}: ")
+    assert peak < 20 * 2**20  # nothing near the declared size was allocated
+
+
+def test_nifti_declaring_more_than_its_file_holds_is_refused(tmp_path: Path) -> None:
+    path = _forged_nifti(tmp_path / "forged.nii.gz", (256, 256, 256))  # 64 MiB, under the bound
+    with pytest.raises(ImageReadError, match=r"forged\.nii\.gz: unreadable NIfTI: the header "
+                                             r"declares shape \(256, 256, 256\) of float32 "
+                                             r".*truncated file or forged header"):
+        read_image(path)
+    with pytest.raises(ImageReadError, match=r"NIfTI too large: .*\(512 voxels\); at most 100"):
+        read_nifti(_nifti(tmp_path / "ok.nii.gz"), max_voxels=100)
+
+
+def test_random_bytes_png_is_refused_as_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "scan.png"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    with pytest.raises(ImageReadError, match=r"scan\.png: not a PNG file: it lacks the 8-byte "
+                                             "PNG signature") as err:
+        read_image(path)
+    assert "DICOM" not in str(err.value)
+    # A real PNG signature with a corrupt body is still reported as a PNG fault.
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + np.random.default_rng(1).bytes(4096))
+    with pytest.raises(ImageReadError, match=r"scan\.png: unreadable PNG") as err:
+        read_image(path)
+    assert "DICOM" not in str(err.value)

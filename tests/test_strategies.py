@@ -71,6 +71,8 @@ def test_get_strategy_lists_valid_names():
     assert isinstance(get_strategy("FedBN"), FedBN)
     assert get_strategy("fedprox", mu=0.1).mu == 0.1
     with pytest.raises(ValueError, match=r"Unknown strategy 'fedbm'\. Valid strategies: "
-                                         r"centralized, fedavg, fedbn, fedprox, singleset\."):
+                                         r"centralized, fedavg, fedbn, fedbn-scaffold, fedprox, scaffold, "
+                                         r"singleset\."):
         get_strategy("fedbm")
-    assert set(STRATEGIES) == {"fedbn", "fedavg", "fedprox", "singleset", "centralized"}
+    assert set(STRATEGIES) == {"fedbn", "fedavg", "fedprox", "singleset", "centralized",
+                               "scaffold", "fedbn-scaffold"}

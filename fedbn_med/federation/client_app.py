@@ -22,6 +22,7 @@ from fedbn_med.federation.config import NodeSettings, read_run_config
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import select
 from fedbn_med.rounds import plan_round
+from fedbn_med.scaffold import join_controls, split_controls
 from fedbn_med.tasks import get_task
 from fedbn_med.trainer import SiteTrainer
 
@@ -50,9 +51,15 @@ class SiteRuntime:
         return state_hash(select(self.trainer.model.state_dict(), self.kept_keys))
 
     def save(self, rnd: int) -> str:
-        """Persist the kept state after a round; return its hash."""
+        """Persist the kept state after a round; return its hash.
+
+        With it go the site's SCAFFOLD control variate and the DP it has spent, so that a
+        restarted site neither forgets its variate nor counts its epsilon from zero.
+        """
         kept = select(self.trainer.model.state_dict(), self.kept_keys)
-        save_tensors(self.state_path, kept, {"round": rnd, "site": self.trainer.site})
+        extra, meta = self.trainer.site_state()
+        save_tensors(self.state_path, {**kept, **extra},
+                     {"round": rnd, "site": self.trainer.site, **meta})
         return state_hash(kept)
 
     def restore(self) -> int:
@@ -60,7 +67,9 @@ class SiteRuntime:
         if not self.state_path.exists():
             return 0
         tensors, meta = load_tensors(self.state_path)
+        tensors, controls = split_controls(tensors)
         self.trainer._load(tensors, allowed=self.kept_keys)
+        self.trainer.load_site_state(join_controls({}, controls), meta)
         rnd = int(meta.get("round", 0))  # type: ignore[call-overload]
         self.trainer.rounds_trained = rnd
         logger.info("Site %s resumed its private state of round %d from %s",
@@ -78,9 +87,14 @@ def runtime(context: Context) -> SiteRuntime:
     key = (context.run_id, node.site)
     if key not in _RUNTIMES:
         config, server = read_run_config(context.run_config)
+        strategy = config.strategy_obj()
+        if strategy.exchanges and not strategy.keeps_private and not node.share_private:
+            raise PermissionError(_refusal(node.site, strategy.name))
         task = get_task(config.task)
         trainer = task.build_site(node.site, config, node.data_dir, node.device)
-        state_path = node.state_dir / server.federation_id / f"{node.site}.safetensors"
+        if trainer.exchanged & trainer.partition.private and not node.share_private:
+            raise PermissionError(_refusal(node.site, strategy.name))
+        state_path = node.state_path(server.federation_id)
         rt = SiteRuntime(trainer=trainer, state_path=state_path)
         rt.restore()
         _SETUPS["count"] += 1
@@ -88,6 +102,15 @@ def runtime(context: Context) -> SiteRuntime:
         _RUNTIMES.clear()  # one run at a time per site process
         _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _refusal(site: str, strategy: str) -> str:
+    reason = (f"Site {site} refuses strategy '{strategy}': it would send this site's private "
+              "(normalisation) layers, and the site's policy keeps them home "
+              "(share_private_layers = false in its site file; --share-private-layers "
+              "on its command line allows it).")
+    logger.error(reason)
+    return reason
 
 
 @app.query()
@@ -113,24 +136,26 @@ def train(msg: Message, context: Context) -> Message:
     cfg = payload.section("config")
     rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
     sections: dict[str, dict] = {}
+    weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation.
-        sections["eval"] = _numbers(rt.trainer.score(payload.tensors))
+        sections["eval"] = _numbers(rt.trainer.score(weights))
     epochs = cfg.get("local-epochs")
     plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
-    weights, n, fit = rt.trainer.fit(payload.tensors, plan.trainer_config())
+    weights, n, fit = rt.trainer.fit(weights, plan.trainer_config(), control)
     digest = rt.save(rnd)
     sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
-    return Message(pack(weights, **sections), reply_to=msg)
+    return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
+                   reply_to=msg)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the global weights on this site's validation and test splits."""
     rt = runtime(context)
-    metrics = rt.trainer.score(unpack(msg.content).tensors)
+    metrics = rt.trainer.score(split_controls(unpack(msg.content).tensors)[0])
     return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
 
 

@@ -61,7 +61,7 @@ class ServerSettings:
     federation_id : str
         Names this federation; sites keep their state under it.
     min_sites : int
-        Rounds go on with at least this many sites (0: every site of the run).
+        Rounds go on with at least this many sites (0: a majority of the run's sites).
     wait_timeout, round_timeout : float
         Seconds to wait for the sites to connect, and for one round's replies.
     experiment : str
@@ -72,6 +72,9 @@ class ServerSettings:
         Accept sites outside the run's sites that connect during the run.
     input_shape : tuple of int
         Shape of one example; empty means the run spec's.
+    node_sites : dict of str to str
+        Node ID (as text) to site name, from the consortium's key list: with node
+        authentication a node's key says which site it is. Empty: no key list.
     """
 
     workdir: Path
@@ -84,6 +87,7 @@ class ServerSettings:
     resume: bool = False
     allow_join: bool = False
     input_shape: tuple[int, ...] = ()
+    node_sites: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -93,6 +97,11 @@ class ServerSettings:
         if not isinstance(self.federation_id, str) or not _NAME.fullmatch(self.federation_id):
             raise ValueError(f"federation_id must be 1-64 letters, digits, '-' or '_' (it names "
                              f"a folder at every site), got {self.federation_id!r}.")
+        if not isinstance(self.node_sites, dict) or not all(
+                isinstance(n, str) and n.isdigit() and isinstance(s, str) and _NAME.fullmatch(s)
+                for n, s in self.node_sites.items()):
+            raise ValueError("node_sites must map node IDs (digits) to plain site names, got "
+                             f"{self.node_sites!r}.")
         if not isinstance(self.min_sites, int) or self.min_sites < 0:
             raise ValueError(f"min_sites must be an integer >= 0, got {self.min_sites!r}.")
         for name in ("wait_timeout", "round_timeout"):
@@ -101,8 +110,13 @@ class ServerSettings:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
 
     def needed(self, n_sites: int) -> int:
-        """Return how many sites a round needs (``min_sites``, or every site when 0)."""
-        return self.min_sites if self.min_sites > 0 else n_sites
+        """Return how many sites a round needs: ``min_sites``, else a majority of the sites.
+
+        The default (0) is a majority (more than half, and at least one): a round whose
+        update from one site is refused, or whose site is down, goes on while most
+        sites remain, and a minority can never make a round on its own.
+        """
+        return self.min_sites if self.min_sites > 0 else n_sites // 2 + 1
 
     def to_dict(self) -> dict[str, Any]:
         """Return plain JSON-able values."""
@@ -150,21 +164,44 @@ class NodeSettings:
         The site's data root (None: its site file, else the built-in data).
     device : str
         ``"auto"``, ``"cpu"`` or ``"cuda:N"``.
+    share_private : bool
+        The site's own policy: may its private (normalisation) layers leave it? Set from
+        its site file and command line, never from the server (default: no).
     """
 
     site: str
     state_dir: Path
     data_dir: Path | None = None
     device: str = "auto"
+    share_private: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.site, str) or not self.site:
-            raise ValueError("The node config must name its site (e.g. site='UCLA').")
+        if not isinstance(self.site, str) or not _NAME.fullmatch(self.site):
+            raise ValueError("The node config must name its site in letters, digits, '-' or "
+                             f"'_' (e.g. site='UCLA'), got {self.site!r}.")
+        if not isinstance(self.share_private, bool):
+            raise ValueError(f"share_private must be true or false, got {self.share_private!r}.")
         if not str(self.state_dir):
             raise ValueError(f"The node config of site '{self.site}' must name a state_dir.")
         object.__setattr__(self, "state_dir", Path(self.state_dir))
         if self.data_dir is not None:
             object.__setattr__(self, "data_dir", Path(self.data_dir))
+
+    def state_path(self, federation_id: str) -> Path:
+        """Return where this site keeps its state of a federation, inside ``state_dir``.
+
+        ``federation_id`` comes from the server: it must be a plain name, and the path
+        is checked to stay under ``state_dir`` whatever it says.
+        """
+        if not isinstance(federation_id, str) or not _NAME.fullmatch(federation_id):
+            raise ValueError(f"Refused federation id {federation_id!r} from the server: "
+                             "expected 1-64 letters, digits, '-' or '_'.")
+        root = Path(self.state_dir).resolve()
+        path = (root / federation_id / f"{self.site}.safetensors").resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"Refused federation id {federation_id!r}: it leads outside "
+                             f"{root}.")
+        return path
 
     def to_node_config(self) -> dict[str, str]:
         """Return the node config that carries these settings."""

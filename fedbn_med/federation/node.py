@@ -207,6 +207,19 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
             contexts.pop(run_id, None)
 
 
+def _stop(signum: int, frame: object) -> None:
+    if _STOPPING.is_set():
+        os._exit(128 + signum)
+    _STOPPING.set()
+    watchdog = threading.Timer(15.0, os._exit, (128 + signum,))
+    watchdog.daemon = True
+    watchdog.start()
+    raise SystemExit(0 if signum == signal.SIGTERM else 130)
+
+
+_STOPPING = threading.Event()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run a site node from the command line (used by the launcher)."""
     parser = argparse.ArgumentParser(description="fedbn-med site node (Flower Fleet API)")
@@ -222,7 +235,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leave the federation cleanly
+    # SIGTERM and SIGINT leave the federation cleanly, in every state (connecting,
+    # serving, reconnecting); a second signal, or a clean-up over 15 s, ends it at once.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     report: Report = _no_report
     if args.events_fd is not None:
         fd = args.events_fd

@@ -73,8 +73,9 @@ class _Progress:
         self.bar.close()
 
 
-def _run_config(config: RunSpec, options: FlowerOptions) -> dict[str, str]:
-    return run_config(config, ServerSettings(
+def _run_config(config: RunSpec, options: FlowerOptions,
+                node_sites: dict[str, str] | None = None) -> dict[str, str]:
+    return run_config(config, ServerSettings(node_sites=node_sites or {},
         workdir=options.workdir, tracking_uri=options.tracking_uri or "",
         federation_id=options.federation_id, min_sites=options.min_sites,
         wait_timeout=options.wait_timeout, round_timeout=options.round_timeout,
@@ -99,6 +100,10 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
         task.prepare(first)
     results = []
     threads = max(1, (os.cpu_count() or 1) // max(1, len(sites)))
+    # Every site is ours, on this host: the command line that chose a strategy which
+    # sends the private layers (FedAvg, FedProx) is every site's policy too.
+    share_private = any(c.strategy_obj().exchanges and not c.strategy_obj().keeps_private
+                        for c in configs)
     with LocalFederation(options.workdir, host=options.host, port=options.port,
                          tls=options.tls, node_auth=options.node_auth) as fed:
         started = time.monotonic()
@@ -121,7 +126,7 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     devices = site_devices(sites, first.device)
                     for site in sites:
                         fed.start_site(site, data_dir=first.data_dir, device=devices[site],
-                                       threads=threads)
+                                       threads=threads, share_private=share_private)
                     fed.wait_sites_ready(sites, timeout=options.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
@@ -132,21 +137,43 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
 
 
 def serve(config: RunSpec, options: FlowerOptions) -> dict:
-    """Start the SuperLink on ``options.host``, submit the run and wait for the sites."""
-    with LocalFederation(options.workdir, host=options.host, port=options.port,
-                         tls=options.tls, node_auth=options.node_auth) as fed:
+    """Run the federation server of a consortium: its public port, the SuperLink, the run.
+
+    The SuperLink (every Flower API) binds 127.0.0.1 only; ``options.host:options.port``
+    is a gate that forwards Flower's Fleet API and nothing else, and refuses request
+    bodies larger than the model's payload plus a margin
+    (:mod:`fedbn_med.federation.launcher.fleet_gate`). With node authentication, each
+    site's public key comes from the consortium's key list (``sites.json``) and is
+    registered here, so the server knows which node is which site.
+    """
+    from fedbn_med.consortium import read_site_keys
+    from fedbn_med.federation.launcher import free_port
+
+    options.workdir.mkdir(parents=True, exist_ok=True)
+    with LocalFederation(options.workdir, tls=options.tls, node_auth=options.node_auth) as fed:
         fed.start_superlink()
+        node_sites: dict[str, str] = {}
         if options.node_auth and options.tls is not None:
-            for site in config.sites:
-                public = options.tls.ca_cert.parent / f"{site}.pub"
-                if not public.is_file():
-                    raise FileNotFoundError(f"No public key {public} for site {site}.")
-                fed.register_site_key(public)
-        print(f"Federation server listening on {fed.address}; waiting up to "
+            keys = read_site_keys(options.tls.ca_cert.parent)
+            missing = [s for s in config.sites if s not in keys]
+            if missing:
+                raise ValueError(f"The consortium's key list has no key for sites "
+                                 f"{', '.join(missing)}; it lists {', '.join(sorted(keys))}.")
+            folder = options.workdir / "site_keys"
+            folder.mkdir(exist_ok=True)
+            for site in (sorted(keys) if options.allow_join else config.sites):
+                public = folder / f"{site}.pub"
+                public.write_text(keys[site] + "\n")
+                node_sites[str(fed.register_site_key(public))] = site
+        limit_file = options.workdir / "server" / "max_body"
+        address = fed.start_gate(options.host, options.port or free_port(options.host),
+                                 max_body_file=limit_file)
+        print(f"Federation server listening on {address} (Fleet API only); waiting up to "
               f"{options.wait_timeout:.0f} s for sites {', '.join(config.sites)}", flush=True)
         progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)
         try:
-            run = fed.submit(_run_config(config, options), results_dir=options.workdir)
+            run = fed.submit(_run_config(config, options, node_sites),
+                             results_dir=options.workdir)
             return fed.watch(run, on_event=progress, results_dir=options.workdir)
         finally:
             progress.close()
@@ -155,8 +182,15 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
 def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | None = None,
              device: str = "auto", root_certificates: Path | None = None,
              auth_key: Path | None = None, insecure: bool = False,
-             max_wait_time: float = 60.0) -> None:
-    """Serve one hospital's site against a federation server elsewhere (hospital mode)."""
+             max_wait_time: float = 60.0, share_private: bool = False) -> None:
+    """Serve one hospital's site against a federation server elsewhere (hospital mode).
+
+    ``share_private`` (the site's command line) or ``share_private_layers = true`` in its
+    site file lets its private layers leave it; by default a run whose strategy would
+    send them (FedAvg, FedProx) is refused, whatever the server asks.
+    """
+    from fedbn_med.tasks.site_toml import share_private_layers
+
     from fedbn_med.federation.node import run_node
 
     host = superlink.rsplit(":", 1)[0]
@@ -167,7 +201,8 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
             "use TLS: pass --root-certificates CA.pem (from the consortium), or --insecure to "
             "send weights in clear text on a network you trust."
         )
-    node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device)
+    node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device,
+                        share_private=share_private or share_private_layers(site))
     run_node(superlink, node, root_certificates=root_certificates,
              private_key=auth_key, insecure=root_certificates is None,
              max_wait_time=max_wait_time)

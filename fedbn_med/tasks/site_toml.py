@@ -9,8 +9,10 @@ the same for all, and live here.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedbn_med.paths import repo_root
 
@@ -19,7 +21,18 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["read_site_file", "site_path", "site_seed_and_device", "sites_dir"]
+if TYPE_CHECKING:
+    from fedbn_med.privacy import SitePrivacy
+
+__all__ = ["COMMON_KEYS", "DP_KEYS", "SITE_NAME", "read_site_file", "share_private_layers",
+           "site_path", "site_privacy", "site_seed_and_device", "sites_dir"]
+
+#: A site's name names its file and its folders: nothing but these characters.
+SITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: A site file's client-level DP entries: a noise floor, a delta ceiling, its clip norm.
+DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
+#: Keys every task's site file may hold: the site's own privacy policy.
+COMMON_KEYS = frozenset({"share_private_layers"})
 
 
 def sites_dir() -> Path:
@@ -34,13 +47,65 @@ def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
+    valid_keys = set(valid_keys) | COMMON_KEYS
     unknown = set(raw) - valid_keys
     if unknown:
         raise ValueError(
             f"Site file {path} has unknown keys {sorted(unknown)}. "
             f"Valid keys: {sorted(valid_keys)}."
         )
+    if not SITE_NAME.fullmatch(path.stem):
+        raise ValueError(f"Site file {path}: a site's name must be letters, digits, '-' or "
+                         f"'_', got {path.stem!r}.")
+    if "name" in raw and raw["name"] != path.stem:
+        raise ValueError(f"Site file {path} says name = {raw['name']!r}, but its file names "
+                         f"site '{path.stem}'; they must match.")
+    if not isinstance(raw.get("share_private_layers", False), bool):
+        raise ValueError(f"Site file {path}: 'share_private_layers' must be true or false, "
+                         f"got {raw['share_private_layers']!r}.")
     return raw
+
+
+def share_private_layers(site: str, task: str = "abide") -> bool:
+    """Return the site file's privacy policy: may its private (BN) layers leave? (default no)."""
+    if not SITE_NAME.fullmatch(site):
+        raise ValueError(f"A site's name must be letters, digits, '-' or '_', got {site!r}.")
+    for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
+        if path.is_file():
+            try:
+                raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as err:
+                raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
+            value = raw.get("share_private_layers", False)
+            if not isinstance(value, bool):
+                raise ValueError(f"Site file {path}: 'share_private_layers' must be true or "
+                                 f"false, got {value!r}.")
+            return value
+    return False
+
+
+def site_privacy(raw: dict[str, object], path: Path) -> SitePrivacy | None:
+    """Return what the site file demands of client-level DP, or None when it says nothing.
+
+    ``dp_noise`` is a floor on the noise multiplier and ``dp_delta`` a ceiling on delta
+    that the server cannot lower or raise; ``dp_clip`` is the site's own clip norm.
+    """
+    from fedbn_med.privacy import SitePrivacy, UpdatePrivacy
+
+    values: dict[str, float] = {}
+    for key in sorted(DP_KEYS & set(raw)):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"Site file {path}: '{key}' must be a number, got {value!r}.")
+        values[key[3:]] = float(value)
+    if not values:
+        return None
+    try:  # each value validated as a run's would be (clip > 0, delta in (0, 1), ...)
+        UpdatePrivacy(clip=values.get("clip", 1.0), noise=values.get("noise", 1.0),
+                      delta=values.get("delta", 1e-5))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"Site file {path}: {err}") from None
+    return SitePrivacy(**values)
 
 
 def site_path(raw: dict[str, object], key: str, path: Path) -> Path | None:

@@ -149,6 +149,38 @@ class LocalFederation:
         raise FederationError(f"The SuperLink did not listen on {self.address} within "
                               f"{timeout:.0f} s.")
 
+    def start_gate(self, host: str, port: int, *, max_body: int = 64 << 20,
+                   max_body_file: Path | None = None, timeout: float = 60.0) -> str:
+        """Open the public port: Flower's Fleet API only, forwarded to this SuperLink.
+
+        The SuperLink must bind 127.0.0.1; ``host:port`` is what the sites dial. See
+        :mod:`fedbn_med.federation.launcher.fleet_gate`. Returns ``HOST:PORT``.
+        """
+        if self.host != "127.0.0.1":
+            raise ValueError(f"The gate fronts a SuperLink on 127.0.0.1, not {self.host}.")
+        cmd = [sys.executable, "-m", "fedbn_med.federation.launcher.fleet_gate",
+               "--listen", f"{host}:{port}", "--upstream", self.address,
+               "--max-body", str(max_body)]
+        if max_body_file is not None:
+            cmd += ["--max-body-file", str(max_body_file)]
+        if self.tls is not None:
+            cmd += ["--ssl-certfile", str(self.tls.server_cert), "--ssl-keyfile",
+                    str(self.tls.server_key), "--ssl-ca-certfile", str(self.tls.ca_cert)]
+        proc = self._spawn("gate", cmd)
+        probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise FederationError("The server's public port did not open:\n"
+                                      + self.log_tail("gate"))
+            try:
+                with socket.create_connection((probe, port), timeout=0.5):
+                    return f"{host}:{port}"
+            except OSError:
+                time.sleep(0.2)
+        raise FederationError(f"The server's public port {host}:{port} did not open within "
+                              f"{timeout:.0f} s.")
+
     def _listening(self, host: str) -> bool:
         if self.netns is None:
             try:
@@ -161,11 +193,12 @@ class LocalFederation:
         return subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", probe],
                               capture_output=True, timeout=30, check=False).returncode == 0
 
-    def register_site_key(self, public_key: Path) -> None:
-        """Register a site's public key with the SuperLink (node authentication)."""
+    def register_site_key(self, public_key: Path) -> int:
+        """Register a site's public key with the SuperLink; return the node ID it gets."""
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         try:
-            flower_cli.register_key(public_key, env=self.env, cwd=self.workdir, prefix=prefix)
+            return flower_cli.register_key(public_key, env=self.env, cwd=self.workdir,
+                                           prefix=prefix)
         except RuntimeError as err:
             raise FederationError(str(err)) from err
 
@@ -178,9 +211,10 @@ class LocalFederation:
                                  superlink)]
 
     def _node_args(self, site: str, state_dir: Path, data_dir: Path | None, device: str,
-                   auth_key: Path | None, max_wait_time: float, superlink: str | None
-                   ) -> list[str]:
-        node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device)
+                   auth_key: Path | None, max_wait_time: float, superlink: str | None,
+                   share_private: bool = False) -> list[str]:
+        node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device,
+                            share_private=share_private)
         local = f"{'127.0.0.1' if self.host == '0.0.0.0' else self.host}:{self.port}"
         args = ["--superlink", superlink or local,
                 "--node-settings", node.to_node_config()[RUN_CONFIG_KEY],
@@ -286,7 +320,8 @@ class LocalFederation:
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
                    auth_key: Path | None = None, threads: int | None = None,
                    superlink: str | None = None, netns: str | None = None,
-                   max_wait_time: float = 60.0) -> subprocess.Popen | ForkedSite:
+                   max_wait_time: float = 60.0, share_private: bool = False
+                   ) -> subprocess.Popen | ForkedSite:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
@@ -295,6 +330,7 @@ class LocalFederation:
         (:meth:`start_site_host`) the process is forked from it, unless it must run in a
         network namespace. ``device`` is passed as given; spread ``auto`` over the local
         GPUs first with :func:`fedbn_med.federation.launcher.devices.site_devices`.
+        ``share_private`` is the site's own policy (may its private layers leave it?).
         """
         state_dir = self.workdir / "sites"
         name = f"site-{site}"
@@ -302,7 +338,7 @@ class LocalFederation:
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         args = self._node_args(site, state_dir, data_dir, device, auth_key, max_wait_time,
-                               superlink)
+                               superlink, share_private)
         if netns is None and self._host is not None and self._host.poll() is None:
             return self._fork_site(name, args, env)
         read_end, write_end = os.pipe()
@@ -409,7 +445,8 @@ class LocalFederation:
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
-        for name in [n for n in self.processes if n not in ("superlink", "site-host")]:
+        for name in [n for n in self.processes
+                     if n not in ("superlink", "site-host", "gate")]:
             self.stop_process(name)
         if self._host is not None and self._host.stdin is not None:
             try:
@@ -417,6 +454,7 @@ class LocalFederation:
             except OSError:
                 pass
         self.stop_process("site-host")
+        self.stop_process("gate")
         self.stop_process("superlink")
 
     def __enter__(self) -> LocalFederation:

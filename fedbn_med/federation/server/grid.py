@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -37,8 +37,12 @@ class FastGrid:
         """Return the IDs of the nodes connected now."""
         return list(self.grid.get_node_ids())
 
-    def send(self, messages: Iterable[Message], timeout: float) -> list[Message]:
-        """Push messages and return the replies that arrive within ``timeout`` seconds."""
+    def send(self, messages: Iterable[Message], timeout: float,
+             until: Callable[[list[Message]], bool] | None = None) -> list[Message]:
+        """Push messages and return the replies that arrive within ``timeout`` seconds.
+
+        ``until``, given the replies so far, may end the wait before every reply is in.
+        """
         messages = list(messages)
         kind = messages[0].metadata.message_type if messages else ""
         pacer = self.pacers.setdefault(kind, Pacer(poll=self.poll, max_poll=self.max_poll,
@@ -55,6 +59,8 @@ class FastGrid:
             if got and len(replies) == len(got):
                 pacer.arrived(asked_at)  # learn when the first reply comes
                 pacer.expect_more()
+            if got and until is not None and until(replies):
+                break
             if pending:
                 pacer.sleep()
         self.empty_polls = sum(p.empty_total for p in self.pacers.values())

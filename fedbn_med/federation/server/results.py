@@ -12,7 +12,9 @@ from flwr.app import MessageType
 
 from fedbn_med.checkpoint import save_tensors, write_text_atomic
 from fedbn_med.federation.records import unpack
+from fedbn_med.federation.server.checks import metrics_reason
 from fedbn_med.report import convergence_plot, result_columns, site_table
+from fedbn_med.scaffold import join_controls
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,6 +46,7 @@ class RunResults:
     strategy: Strategy
     partition: Partition
     global_weights: dict[str, torch.Tensor]
+    control: dict[str, torch.Tensor]
     rows: list[dict[str, object]]
     workdir: Path
     checkpoint: Path
@@ -86,7 +89,7 @@ class RunResults:
         # the training metrics of ``rnd`` whose evaluation comes with the next round, and
         # the MLflow run to log into. Written atomically: a crash leaves the last one whole.
         assert self.tracker is not None
-        save_tensors(self.checkpoint, self.global_weights,
+        save_tensors(self.checkpoint, join_controls(self.global_weights, self.control),
                      {"round": rnd, "parent_run_id": self.tracker.parent_id,
                       "rows": self.rows, "pending": fits, "strategy": self.strategy.label})
 
@@ -101,9 +104,13 @@ class RunResults:
             site = nodes.get(reply.metadata.src_node_id)
             if site is not None and not reply.has_error():
                 try:
-                    evals[site] = unpack(reply.content).floats("metrics")
-                except ValueError as err:
-                    logger.warning("Final evaluation of site %s left out: %s", site, err)
+                    scores = unpack(reply.content).floats("metrics")
+                    reason = metrics_reason({"metrics": scores})
+                    if reason is not None:
+                        raise ValueError(reason)
+                    evals[site] = scores
+                except (ValueError, TypeError) as err:
+                    logger.warning("Final evaluation of site %s refused: %s", site, err)
         if pending:
             self._complete(self.config.rounds, pending, evals)
         assert self.tracker is not None and self.worker is not None

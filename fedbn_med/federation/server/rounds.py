@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING
 from flwr.app import Message, MessageType
 
 from fedbn_med.background import SerialWorker
-from fedbn_med.checkpoint import load_tensors
+from fedbn_med.checkpoint import load_tensors, write_text_atomic
 from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.server.checks import metrics_reason, num_examples_reason
 from fedbn_med.federation.server.discovery import SiteDiscovery
 from fedbn_med.federation.server.results import RunResults, warm_up_tracking
 from fedbn_med.partition import partition_model
 from fedbn_med.rounds import Reply, close_round, plan_round
+from fedbn_med.scaffold import join_controls, split_controls, zero_controls
 from fedbn_med.tasks import get_task
 
 if TYPE_CHECKING:
@@ -62,9 +64,15 @@ class FederationServer(SiteDiscovery, RunResults):
         self.exchanged = self.strategy.exchanged_keys(self.partition)
         state = model.state_dict()
         self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
+        # SCAFFOLD's server variate (empty for other strategies); checkpointed with the weights
+        self.control = zero_controls(self.global_weights, self.strategy.controlled_keys(
+            self.partition, frozenset(n for n, _ in model.named_parameters())))
+        self._write_reply_bound()
         self.sites: dict[int, str] = {}
         self.asked: set[int] = set()
         self.query_attempts: dict[int, int] = {}
+        self.waiting: dict[int, str] = {}
+        self.silent: set[int] = set()
         self.pending: dict[str, dict[str, float]] = {}
         self.rows: list[dict[str, object]] = []
         self.workdir = settings.workdir
@@ -77,6 +85,14 @@ class FederationServer(SiteDiscovery, RunResults):
         self._handed_over = time.monotonic()
 
     # -- set-up --------------------------------------------------------------------------
+    def _write_reply_bound(self) -> None:
+        # A site's reply is the exchanged weights plus a few numbers: twice the payload
+        # and 1 MiB more is generous. The public port (fleet_gate) refuses any larger
+        # request body before the SuperLink stores it.
+        payload = sum(t.numel() * t.element_size() for t in self.global_weights.values())
+        write_text_atomic(self.settings.workdir / "server" / "max_body",
+                          str(2 * payload + (1 << 20)))
+
     def _event(self, **event: object) -> None:
         with open(self.workdir / "progress.jsonl", "a", encoding="utf-8") as handle:
             handle.write(json.dumps({**event, "t": time.time()}, default=float) + "\n")
@@ -87,6 +103,11 @@ class FederationServer(SiteDiscovery, RunResults):
             raise FileNotFoundError(
                 f"--resume was given but there is no checkpoint at {self.checkpoint}.")
         tensors, meta = load_tensors(self.checkpoint)
+        tensors, control = split_controls(tensors)
+        if set(control) != set(self.control):
+            raise ValueError(f"Checkpoint {self.checkpoint} does not fit this strategy's "
+                             "control variates.")
+        self.control = control
         if set(tensors) != set(self.global_weights):
             raise ValueError(f"Checkpoint {self.checkpoint} does not fit this model/strategy.")
         self.global_weights = tensors
@@ -100,7 +121,7 @@ class FederationServer(SiteDiscovery, RunResults):
     def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
                   ) -> list[Message]:
         # Every site gets the same content: packed once, stored once by the SuperLink.
-        content = pack(self.global_weights, config={
+        content = pack(join_controls(self.global_weights, self.control), config={
             "round": rnd, "local-epochs": self.config.local_epochs,
             "evaluate-first": evaluate_first})
         return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
@@ -154,46 +175,65 @@ class FederationServer(SiteDiscovery, RunResults):
             self._messages(nodes, MessageType.TRAIN, rnd, evaluate_first),
             timeout=self.settings.round_timeout,
         )
+        answered = {r.metadata.src_node_id for r in replies}
+        self.silent = (self.silent | set(nodes)) - answered
         updates: list[Reply] = []
         fits: dict[str, dict[str, float]] = {}
         evals: dict[str, dict[str, float]] = {}
         hashes: dict[str, str] = {}
+        refused: dict[str, str] = {}
         for reply in replies:
             site = nodes.get(reply.metadata.src_node_id)
             if site is None:
                 continue
             if reply.has_error():
                 logger.error("Round %d: site %s failed: %s", rnd, site, reply.error.reason)
+                refused[site] = f"it failed: {reply.error.reason}"
                 continue
             try:
                 payload = unpack(reply.content)
                 metrics = payload.floats("metrics")
+                reason = num_examples_reason(metrics["num-examples"]) or metrics_reason(
+                    {s: payload.floats(s) for s in ("metrics", "eval") if s in payload.sections})
+                if reason is not None:
+                    raise ValueError(reason)
                 num_examples = int(metrics["num-examples"])
                 fits_row = {"num_examples": metrics["num-examples"],
                             "train_loss": metrics["train_loss"],
-                            "setups": metrics.get("setups", 0.0)}
-            except (ValueError, KeyError) as err:
-                logger.warning("Round %d: update of site %s left out: %s", rnd, site, err)
+                            "setups": metrics.get("setups", 0.0),
+                            # the (epsilon, delta) a DP site has spent, for its MLflow run
+                            **{k: v for k, v in metrics.items() if k.startswith("dp_")}}
+            except (ValueError, KeyError, TypeError, OverflowError) as err:
+                logger.warning("Round %d: update of site %s refused: %s", rnd, site, err)
+                self._event(event="update-refused", round=rnd, site=site, reason=str(err))
+                refused[site] = str(err)
                 continue
             if "eval" in payload.sections:
                 evals[site] = payload.floats("eval")
             if "state" in payload.sections:
                 hashes[site] = str(payload.section("state").get("private-hash", ""))
-            updates.append(Reply(site, payload.tensors, num_examples))
+            weights, controls = split_controls(payload.tensors)
+            updates.append(Reply(site, weights, num_examples, controls=controls))
             fits[site] = fits_row
         outcome = close_round(self.strategy, self.global_weights, updates,
-                              self.partition.all - self.exchanged)
+                              self.partition.all - self.exchanged, control=self.control,
+                              n_sites=max(len(self.config.sites), len(nodes)))
+        refused.update(outcome.refused)
         for site, reason in outcome.refused.items():
-            logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+            logger.warning("Round %d: update of site %s refused: %s", rnd, site, reason)
             self._event(event="update-refused", round=rnd, site=site, reason=reason)
             fits.pop(site, None)
             hashes.pop(site, None)
         self.global_weights = outcome.global_weights
+        self.control = outcome.control
         missing = sorted(set(nodes.values()) - set(fits))
         if len(fits) < self.min_sites:
+            why = "; ".join(f"{site} refused: {refused[site]}" if site in refused
+                            else f"{site} did not answer within {self.settings.round_timeout:g} s"
+                            for site in missing)
             raise RuntimeError(
-                f"Round {rnd}: only {len(fits)} sites answered (at least "
-                f"{self.min_sites} needed); missing: {', '.join(missing)}.")
+                f"Round {rnd}: only {len(fits)} sites' updates were accepted (at least "
+                f"{self.min_sites} needed). {why}.")
         if missing:
             logger.warning("Round %d completes without sites %s", rnd, missing)
         if evaluate_first:

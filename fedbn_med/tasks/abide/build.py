@@ -37,9 +37,14 @@ __all__ = [
 def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
     """Return the folder holding ``ABIDE_pcp/`` for a site.
 
-    Order: the run's ``data_dir``, then the site file's ``data_dir``, then the built-in
-    cohort (generated on first use under ``$FEDBN_MED_DATA`` or ``~/fedbn_med_data``).
+    Order: the site's own scans (extracted on first use), the run's ``data_dir``, then
+    the site file's ``data_dir``, then the built-in cohort (generated on first use under
+    ``$FEDBN_MED_DATA`` or ``~/fedbn_med_data``).
     """
+    if site.scans is not None:
+        from fedbn_med.tasks.abide.scans.site import site_rois_dir
+
+        return site_rois_dir(site, site_effect=config.settings.site_effect)
     if config.data_dir is not None:
         return Path(config.data_dir)
     if site.data_dir is not None:

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from fedbn_med.tasks.site_toml import read_site_file, site_path, site_seed_and_device, sites_dir
+from fedbn_med.privacy import SitePrivacy
+from fedbn_med.tasks.site_toml import (
+    DP_KEYS,
+    SITE_NAME,
+    read_site_file,
+    site_path,
+    site_privacy,
+    site_seed_and_device,
+    sites_dir,
+)
 
-__all__ = ["SiteConfig", "available_sites", "load_site", "load_sites", "sites_dir"]
+__all__ = [
+    "BUILTIN_SCANS", "SiteConfig", "available_sites", "load_site", "load_sites", "sites_dir",
+]
 
-_KEYS = {"name", "institution", "abide_site_ids", "data_dir", "split_seed", "device"}
+_KEYS = {"name", "institution", "abide_site_ids", "data_dir", "scans", "split_seed", "device",
+         *DP_KEYS}
+
+#: The ``scans`` value of the built-in scan site (generated from the cohort model).
+BUILTIN_SCANS = "builtin"
 
 
 @dataclass(frozen=True)
@@ -28,6 +44,13 @@ class SiteConfig:
         Seed of the site's data split.
     device : str
         ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
+    privacy : SitePrivacy or None
+        Client-level DP the site demands whatever the run asks (``dp_noise`` floor,
+        ``dp_delta`` ceiling, ``dp_clip``).
+    scans : pathlib.Path or "builtin" or None
+        A folder of 4D BOLD images (fMRIPrep derivatives or ABIDE ``func_preproc``)
+        whose ROI series are extracted on first use, ``"builtin"`` for the built-in scan
+        site, or None: the site has ROI files already.
     """
 
     name: str
@@ -37,6 +60,8 @@ class SiteConfig:
     device: str = "auto"
     institution: str = ""
     source: Path | None = None
+    scans: Path | Literal["builtin"] | None = None
+    privacy: SitePrivacy | None = None
 
 
 def available_sites(directory: Path | None = None) -> list[str]:
@@ -58,16 +83,21 @@ def _parse(path: Path) -> SiteConfig:
             f"strings such as [\"UCLA_1\"], got {ids!r}."
         )
     seed, device = site_seed_and_device(raw, path)
+    scans: Path | Literal["builtin"] | None = (
+        BUILTIN_SCANS if raw.get("scans") == BUILTIN_SCANS else site_path(raw, "scans", path))
     return SiteConfig(
         name=name, abide_site_ids=tuple(ids), data_dir=site_path(raw, "data_dir", path),
         split_seed=seed, device=device, institution=str(raw.get("institution", "")),
-        source=path,
+        source=path, privacy=site_privacy(raw, path), scans=scans,
     )
 
 
 def load_site(name: str, directory: Path | None = None) -> SiteConfig:
     """Load and validate ``sites/<name>.toml``; an unknown name lists the valid ones."""
     directory = directory or sites_dir()
+    if not isinstance(name, str) or not SITE_NAME.fullmatch(name):
+        raise ValueError(f"A site's name must be letters, digits, '-' or '_' (it names its "
+                         f"file in {directory}), got {name!r}.")
     path = directory / f"{name}.toml"
     if not path.is_file():
         valid = available_sites(directory)

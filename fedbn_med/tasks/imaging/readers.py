@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import zlib
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import nibabel as nib
 import numpy as np
 import pydicom
 from monai.config import KeysCollection
 from monai.data import load_decathlon_datalist
-from monai.data.image_reader import PILReader
+from monai.data.image_reader import NibabelReader, PILReader
 from monai.transforms import LoadImage, MapTransform
+from nibabel.filebasedimages import ImageFileError
+from PIL import Image
 from pydicom.errors import InvalidDicomError
 
 from fedbn_med.tasks.imaging.dicom_io import strict_reading
 
 __all__ = [
+    "MAX_VOXELS",
     "SPLIT_KEYS",
     "ImageReadError",
     "ReadImaged",
@@ -47,6 +52,12 @@ logging.getLogger("monai.data.nvimgcodec_pydicom_plugin").setLevel(logging.ERROR
 SPLIT_KEYS = ("training", "validation", "test")
 _NIFTI = (".nii", ".nii.gz")
 _SPACING_TOL = 0.01  # relative tolerance on the distance between neighbouring slices
+# Largest image decoded (2**28 voxels: 1 GiB as float32), checked from the header before
+# anything is allocated; far above one MRI volume or radiograph, far below a host's memory.
+MAX_VOXELS = 2**28
+# Deflate expands at most about 1032:1, so a .nii.gz of n bytes cannot hold more than this.
+_DEFLATE_RATIO = 1032
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class ImageReadError(ValueError):
@@ -65,14 +76,46 @@ def _require_nonempty(path: Path) -> None:
         raise ImageReadError(path, "empty file (0 bytes)")
 
 
-def read_nifti(path: str | Path) -> np.ndarray:
-    """Decode a ``.nii`` or ``.nii.gz`` file fully with MONAI ``LoadImage`` (nibabel)."""
+def _check_nifti_size(path: Path, max_voxels: int) -> None:
+    """Refuse a header that declares more voxels than the bound or than the file can hold."""
+    try:
+        header = nib.load(str(path)).header  # nibabel reads only the header here
+        shape = tuple(int(n) for n in header.get_data_shape())
+        dtype = header.get_data_dtype()
+        offset = int(header.get_data_offset())
+    except (ImageFileError, OSError, EOFError, zlib.error, ValueError, TypeError) as err:
+        raise ImageReadError(path, f"unreadable NIfTI header ({type(err).__name__}: "
+                                   f"{_first_line(err)})") from err
+    n_voxels = math.prod(shape)
+    if not shape or min(shape) <= 0:
+        raise ImageReadError(path, f"unreadable NIfTI: the header declares shape {shape}; "
+                                   "expected positive dimensions")
+    if n_voxels > max_voxels:
+        raise ImageReadError(path, f"NIfTI too large: the header declares shape {shape} "
+                                   f"({n_voxels:,} voxels); at most {max_voxels:,} are read")
+    size = path.stat().st_size
+    capacity = size * _DEFLATE_RATIO if path.name.lower().endswith(".gz") else size
+    needed = offset + n_voxels * dtype.itemsize
+    if needed > capacity:
+        raise ImageReadError(path, f"unreadable NIfTI: the header declares shape {shape} of "
+                                   f"{dtype} ({needed:,} bytes) but a {size:,}-byte file holds "
+                                   f"at most {capacity:,}; truncated file or forged header")
+
+
+def read_nifti(path: str | Path, *, max_voxels: int = MAX_VOXELS) -> np.ndarray:
+    """Decode a ``.nii`` or ``.nii.gz`` file fully with MONAI ``LoadImage`` (nibabel).
+
+    The header is checked first: a shape above ``max_voxels``, or one that needs more
+    bytes than the file can hold, is refused before any array is allocated.
+    """
     path = Path(path)
     _require_nonempty(path)
-    loader = LoadImage(reader="NibabelReader", image_only=True, dtype=np.float32)
+    _check_nifti_size(path, max_voxels)
+    loader = LoadImage(image_only=True, dtype=np.float32)
     try:
-        data = np.asarray(loader(str(path)))
-    except (OSError, EOFError, zlib.error, ValueError, RuntimeError) as err:
+        # A reader given per call is the only one tried (no fallback to other formats).
+        data = np.asarray(loader(str(path), reader=NibabelReader()))
+    except (OSError, EOFError, zlib.error, ValueError, RuntimeError, MemoryError) as err:
         raise ImageReadError(path, f"unreadable NIfTI ({type(err).__name__}: "
                                    f"{_first_line(err)})") from err
     if not np.isfinite(data).all():
@@ -90,13 +133,24 @@ def _dcmread(path: Path) -> pydicom.Dataset:
     try:
         with strict_reading():
             ds = pydicom.dcmread(path)
+            _check_dicom_size(path, ds)
             ds.pixel_array  # noqa: B018 - decode now so a truncated file fails here
     except InvalidDicomError as err:
         raise ImageReadError(path, f"not a DICOM file ({_first_line(err)})") from err
-    except (OSError, EOFError, ValueError, AttributeError, KeyError, TypeError) as err:
+    except (OSError, EOFError, ValueError, AttributeError, KeyError, TypeError,
+            MemoryError) as err:
         raise ImageReadError(path, f"invalid or truncated DICOM ({type(err).__name__}: "
                                    f"{_first_line(err)})") from err
     return ds
+
+
+def _check_dicom_size(path: Path, ds: pydicom.Dataset) -> None:
+    """Refuse, before decoding, pixel data whose declared size exceeds :data:`MAX_VOXELS`."""
+    dims = (int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0),
+            int(ds.get("NumberOfFrames", 1) or 1), int(ds.get("SamplesPerPixel", 1) or 1))
+    if math.prod(dims) > MAX_VOXELS:
+        raise ImageReadError(path, f"DICOM too large: Rows x Columns x frames x samples "
+                                   f"{' x '.join(map(str, dims))} exceeds {MAX_VOXELS:,} voxels")
 
 
 def _modality_values(ds: pydicom.Dataset) -> np.ndarray:
@@ -203,16 +257,26 @@ def read_image(path: str | Path) -> np.ndarray:
     if name.endswith(".dcm"):
         return read_dicom_file(path)
     if name.endswith(".png"):
-        _require_nonempty(path)
-        try:
-            loader = LoadImage(reader=PILReader(reverse_indexing=False), image_only=True,
-                               dtype=np.float32)
-            return np.asarray(loader(str(path)))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise ImageReadError(path, f"unreadable PNG ({_first_line(err)})") from err
+        return _read_png(path)
     _require_nonempty(path)
     raise ImageReadError(path, "unsupported image type; expected .nii, .nii.gz, .dcm, .png "
                                "or a DICOM series folder")
+
+
+def _read_png(path: Path) -> np.ndarray:
+    _require_nonempty(path)
+    with path.open("rb") as handle:
+        signature = handle.read(len(_PNG_SIGNATURE))
+    if signature != _PNG_SIGNATURE:
+        raise ImageReadError(path, "not a PNG file: it lacks the 8-byte PNG signature "
+                                   "(\\x89PNG\\r\\n\\x1a\\n) a .png file starts with")
+    loader = LoadImage(image_only=True, dtype=np.float32)
+    try:
+        # Only PIL is tried: other readers would report a PNG's fault as theirs (DICOM...).
+        return np.asarray(loader(str(path), reader=PILReader(reverse_indexing=False)))
+    except (OSError, ValueError, RuntimeError, MemoryError, Image.DecompressionBombError) as err:
+        raise ImageReadError(path, f"unreadable PNG ({type(err).__name__}: "
+                                   f"{_first_line(err)})") from err
 
 
 def load_datalist(path: str | Path, *, split_seed: int = 0) -> dict[str, list[dict[str, Any]]]:

@@ -11,7 +11,7 @@ segmentation (:mod:`fedbn_med.tasks.mri.objective`), ROC AUC for X-ray classific
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from monai.data import DataLoader, Dataset, list_data_collate
 from torch import nn
 from torch.utils.data import ConcatDataset
 
+from fedbn_med.privacy import UpdatePrivacy
 from fedbn_med.strategies import Strategy
 from fedbn_med.tasks.imaging.datasets import ImageSiteData
 from fedbn_med.trainer import SiteTrainer, derive_seed
@@ -48,10 +49,10 @@ class ImageTrainer(SiteTrainer):
     def __init__(self, site: str, model: nn.Module, data: ImageSiteData, strategy: Strategy,
                  *, lr: float = 1e-3, batch_size: int = 8, local_epochs: int = 1,
                  seed: int = 0, device: str | torch.device | None = "auto",
-                 amp: bool | None = None) -> None:
+                 amp: bool | None = None, privacy: UpdatePrivacy | None = None) -> None:
         super().__init__(site, model, data, strategy, lr=lr,  # type: ignore[arg-type]
                          batch_size=batch_size, local_epochs=local_epochs, seed=seed,
-                         device=device)
+                         device=device, privacy=privacy)
         self.data: ImageSiteData = data  # type: ignore[assignment]
         self.amp = (self.device.type == "cuda") if amp is None else bool(amp)
 
@@ -81,13 +82,14 @@ class ImageTrainer(SiteTrainer):
     def _target(self, batch: Mapping[str, Any]) -> torch.Tensor:
         return torch.as_tensor(batch["label"]).to(self.device)
 
-    def fit(self, data: Mapping[str, torch.Tensor], extra: dict | None = None
+    def fit(self, data: Mapping[str, torch.Tensor], extra: dict | None = None,
+            control: Mapping[str, torch.Tensor] | None = None
             ) -> tuple[Weights, int, dict[str, float]]:
         """Load the global weights, train on the site's augmented batches, return the update.
 
         Same contract as :meth:`SiteTrainer.fit`; ``num_examples`` counts training items.
         """
-        rnd, epochs, anchor = self._begin_round(data, extra)
+        rnd, epochs, anchor = self._begin_round(data, extra, control)
         _seed_transforms(self.data.train, derive_seed(self.seed, self.site, rnd, "augment"))
         gen = torch.Generator().manual_seed(derive_seed(self.seed, self.site, rnd, "shuffle"))
         loader = DataLoader(self.data.train, batch_size=self.batch_size, shuffle=True,
@@ -108,6 +110,8 @@ class ImageTrainer(SiteTrainer):
                 if prox is not None:
                     loss = loss + prox
                 scaler.scale(loss).backward()
+                # SCAFFOLD's correction, applied to the gradient Adam then uses
+                self._correct_gradients(scale=scaler.get_scale() if self.amp else 1.0)
                 scaler.step(optimiser)
                 scaler.update()
                 losses.append(float(loss.detach()))
@@ -132,13 +136,14 @@ class ImageTrainer(SiteTrainer):
         return metrics
 
 
-def pooled_trainer(trainers: Sequence[SiteTrainer]) -> ImageTrainer:
+def pooled_trainer(trainers: Mapping[str, SiteTrainer], config: object = None
+                   ) -> ImageTrainer:
     """Return a trainer over every site's training data (the Centralized baseline).
 
     It is the first site's trainer derived (same class, settings and initial model) onto
     :meth:`ImageSiteData.pooled` of the sites' data.
     """
-    sites = [t for t in trainers if isinstance(t, ImageTrainer)]
+    sites = [t for t in trainers.values() if isinstance(t, ImageTrainer)]
     if not sites:
         raise ValueError("The pooled imaging trainer needs at least one imaging site trainer.")
     return sites[0].derive("pooled", ImageSiteData.pooled([t.data for t in sites]))

@@ -33,4 +33,5 @@ def build_mri_site(name: str, config: RunSpec, data_dir: Path | None,
     return SegmentationTrainer(
         name, build_mri_model(config, data.input_shape), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
-        seed=config.seed, device=device, class_names=synth.TISSUE_CLASSES)
+        seed=config.seed, device=device, privacy=config.privacy(),
+        class_names=synth.TISSUE_CLASSES)

@@ -32,4 +32,4 @@ def build_xray_site(name: str, config: RunSpec, data_dir: Path | None,
     return ClassificationTrainer(
         name, build_xray_model(config, data.input_shape), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
-        seed=config.seed, device=device)
+        seed=config.seed, device=device, privacy=config.privacy())

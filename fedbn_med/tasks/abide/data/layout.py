@@ -161,7 +161,7 @@ def read_phenotypic(
     FileNotFoundError
         If the table does not exist.
     ValueError
-        If required columns are missing.
+        If the table is empty, is not a CSV file, or lacks required columns.
     """
     path = _phenotypic_path(resolve_data_dir(data_dir))
     if not path.is_file():
@@ -171,12 +171,26 @@ def read_phenotypic(
             "cohort with fedbn_med.tasks.abide.cohort.ensure_cohort() or point data_dir at "
             "a PCP download."
         )
-    with path.open(encoding="utf-8") as handle:
-        first_field = handle.readline().split(",", 1)[0].strip().strip('"')
-    # The release starts with an unnamed index column; accept a table without it too.
-    table = pd.read_csv(path, index_col=0 if first_field == "" else None, low_memory=False)
+    expected = ("Expected the PCP phenotypic CSV: a header line with at least "
+                f"{', '.join(REQUIRED_COLUMNS)} (and an unnamed index column first), then one "
+                "row per subject")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            first_field = handle.readline().split(",", 1)[0].strip().strip('"')
+        # The release starts with an unnamed index column; accept a table without it too.
+        table = pd.read_csv(path, index_col=0 if first_field == "" else None, low_memory=False)
+    except pd.errors.EmptyDataError as err:
+        raise ValueError(f"The phenotypic table {path} is empty. {expected}.") from err
+    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise ValueError(f"The phenotypic table {path} is not a readable CSV file "
+                         f"({_one_line(err)}). {expected}.") from err
     _check_columns(table, quality_checked=quality_checked, source=str(path))
     return table
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:200] if lines else type(err).__name__
 
 
 def _check_columns(table: pd.DataFrame, *, quality_checked: bool, source: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 # Column counts known for certain; other atlases are checked against the file header.
 ROI_COUNTS: dict[str, int] = {"rois_ho": 111, "rois_cc200": 200}
 MIN_VOLUMES = 10
+# A header line longer than this is not one of a PCP atlas (cc400's is about 3 kB).
+_MAX_HEADER_CHARS = 1 << 20
 
 
 class DataFileError(ValueError):
@@ -93,7 +96,10 @@ def _read_header(path: Path) -> tuple[str, ...]:
         raise DataFileError(path, "the file is empty (0 bytes); expected a '#<label>' header "
                             "line and one row of numbers per volume.")
     with path.open(encoding="utf-8", errors="replace") as handle:
-        first = handle.readline()
+        first = handle.readline(_MAX_HEADER_CHARS + 1)
+    if first.startswith("#") and len(first) > _MAX_HEADER_CHARS:
+        raise DataFileError(path, f"the header line is longer than {_MAX_HEADER_CHARS:,} "
+                            "characters; expected one '#<label>' per ROI column.")
     return tuple(tok.lstrip("#") for tok in first.split()) if first.startswith("#") else ()
 
 
@@ -159,6 +165,27 @@ def _fetch_with_nilearn(
     return [np.asarray(ts, dtype=np.float64) for ts in bunch[derivative]]
 
 
+def _reference_labels(
+    derivative: str, headers: Mapping[int, tuple[str, ...]], n_rois: int | None
+) -> tuple[tuple[str, ...], str]:
+    """Return the ROI labels every header must match, and where they come from.
+
+    ``rois_ho`` takes them from the Harvard-Oxford atlas the package ships; another
+    derivative takes the header most files share (of the expected length, when known),
+    so that no single file, the first one included, decides for the others.
+    """
+    if derivative == "rois_ho":
+        from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS  # lazy: no import cycle
+
+        return tuple(str(label) for label in HO_LABELS), "the Harvard-Oxford atlas (rois_ho)"
+    votes = Counter(h for h in headers.values()
+                    if h and (n_rois is None or len(h) == n_rois))
+    if not votes:
+        return (), ""
+    labels, count = votes.most_common(1)[0]
+    return labels, f"the header {count} of the site's files share"
+
+
 def _read_site_series(
     root: Path,
     selected: pd.DataFrame,
@@ -176,6 +203,11 @@ def _read_site_series(
             headers[i] = _read_header(path)
         except DataFileError as exc:
             bad[i] = exc.reason
+    labels, source = _reference_labels(str(options["derivative"]), headers, n_rois)
+    for i, header in headers.items():
+        # Refused before nilearn parses it: a forged header costs nothing to the others.
+        if header and labels and header != labels:
+            bad[i] = _header_mismatch(header, labels, source)
     candidates = [i for i in range(len(paths)) if i not in bad]
     series: list[np.ndarray] = []
     if candidates:
@@ -193,17 +225,12 @@ def _read_site_series(
             candidates = [i for i in candidates if i not in bad]
             series = (_fetch_with_nilearn(root, site_ids, [file_ids[i] for i in candidates],
                                           options) if candidates else [])
-    reference = next((i for i in candidates if headers[i]), None)
-    labels = headers[reference] if reference is not None else ()
-    reference_name = paths[reference].name if reference is not None else ""
     good: list[int] = []
     checked: list[np.ndarray] = []
     for i, data in zip(candidates, series, strict=True):
         try:
-            checked_data = _check_series(paths[i], data, headers[i], n_rois)
-            if headers[i] and headers[i] != labels:
-                raise DataFileError(paths[i], "its header names other ROIs (or another order) "
-                                    f"than {reference_name}.")
+            expected = n_rois or len(labels) or None
+            checked_data = _check_series(paths[i], data, headers[i], expected)
         except DataFileError as exc:
             bad[i] = exc.reason
             continue
@@ -213,3 +240,12 @@ def _read_site_series(
     for path, reason in skipped:
         logger.warning("Skipping %s: %s", path, reason)
     return good, checked, labels, skipped
+
+
+def _header_mismatch(header: tuple[str, ...], labels: tuple[str, ...], source: str) -> str:
+    if len(header) != len(labels):
+        return (f"the header names {len(header):,} ROIs; expected the {len(labels)} of "
+                f"{source}.")
+    first = next(k for k, (a, b) in enumerate(zip(header, labels, strict=True)) if a != b)
+    return (f"its header names other ROIs (or another order) than {source}: column {first} "
+            f"is {header[first][:40]!r}, expected {labels[first]!r}.")

@@ -1,0 +1,244 @@
+"""Client-level differential privacy on what leaves a site: clip the update, add noise.
+
+Each round a site computes its update (the exchanged weights it trained minus the global
+weights it received), scales it down to L2 norm at most ``C`` (``clip``) and adds Gaussian
+noise of standard deviation ``sigma * C`` (``noise`` is ``sigma``) to every coordinate,
+then sends ``global + noisy update``. The server never sees a clean update. BN layers
+never leave a site under FedBN, so they need no noise.
+
+The privacy spent is Opacus's RDP accountant (:class:`opacus.accountants.RDPAccountant`):
+one Gaussian mechanism of noise multiplier ``sigma`` per round, with sampling rate 1
+(every site releases an update in every round it takes part in; nothing is subsampled,
+so there is no amplification by sampling). The guarantee is client-level: it bounds
+what the released updates reveal about whether a site's data, any or all of its
+patients, went into them (add/remove of the site's contribution).
+
+The noise comes from a generator seeded from the operating system's secret randomness
+(:mod:`secrets`), never from the run's seed: the server knows the run's seed, and noise
+it could regenerate would protect nothing.
+
+A site may demand more privacy than the run asks for in its own TOML file
+(:class:`SitePrivacy`): its noise is a floor and its delta a ceiling that the server's
+settings cannot lower or raise (:func:`resolve_privacy`).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "SitePrivacy",
+    "UpdatePrivacy",
+    "clip_and_noise",
+    "epsilon",
+    "noise_for_epsilon",
+    "resolve_privacy",
+]
+
+Weights = dict[str, torch.Tensor]
+
+#: Every site releases one update per round it takes part in: no subsampling.
+SAMPLE_RATE = 1.0
+
+
+def _finite_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    return float(value)
+
+
+def _check_delta(delta: float) -> None:
+    if not 0.0 < delta < 1.0:
+        raise ValueError(
+            f"epsilon is undefined for dp_delta = {delta!r}: delta must be in (0, 1), "
+            "typically below 1 / (number of patients), such as 1e-5.")
+
+
+def epsilon(noise: float, releases: int, delta: float,
+            history: Sequence[tuple[float, float, int]] = ()) -> float:
+    """Return the epsilon of ``releases`` Gaussian releases of noise multiplier ``noise``.
+
+    Parameters
+    ----------
+    noise : float
+        Noise multiplier sigma (noise std / clip norm).
+    releases : int
+        Rounds in which the site released an update with this ``noise``.
+    delta : float
+        Target delta, in (0, 1).
+    history : sequence of (noise, sample_rate, releases)
+        Earlier releases with other settings (Opacus's accountant history).
+
+    Returns
+    -------
+    float
+        Epsilon from Opacus's RDP accountant; ``inf`` when ``noise`` is 0 and
+        ``releases`` > 0; 0 when nothing was released.
+    """
+    from opacus.accountants import RDPAccountant
+
+    _check_delta(delta)
+    steps = [*history, *([(float(noise), SAMPLE_RATE, int(releases))] if releases else [])]
+    if not steps:
+        return 0.0
+    if any(s == 0 for s, _, n in steps if n):
+        return math.inf
+    accountant = RDPAccountant()
+    accountant.history = [(float(s), float(q), int(n)) for s, q, n in steps if n]
+    return float(accountant.get_epsilon(delta=delta))
+
+
+def noise_for_epsilon(target: float, delta: float, releases: int) -> float:
+    """Return the noise multiplier that spends ``target`` epsilon over ``releases`` rounds."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    _check_delta(delta)
+    if not (target > 0 and math.isfinite(target)):
+        raise ValueError(f"A target epsilon must be a positive finite number, got {target!r}.")
+    return float(get_noise_multiplier(target_epsilon=target, target_delta=delta,
+                                      sample_rate=SAMPLE_RATE, steps=int(releases),
+                                      epsilon_tolerance=0.005))
+
+
+def clip_and_noise(update: Mapping[str, torch.Tensor], clip: float, noise: float,
+                   generator: torch.Generator | None = None) -> tuple[Weights, float]:
+    """Return the update clipped to L2 norm ``clip`` plus N(0, (noise*clip)^2), and its norm.
+
+    The norm is over every tensor together (the update as one vector), in float64. The
+    returned norm is the clean one: it stays at the site.
+    """
+    total = sum(float(torch.sum(t.double() ** 2)) for t in update.values())
+    norm = total ** 0.5
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    out: Weights = {}
+    for key, tensor in update.items():
+        noisy = tensor.double() * scale
+        if noise > 0:
+            noisy = noisy + noise * clip * torch.randn(tensor.shape, generator=generator,
+                                                       dtype=torch.float64)
+        out[key] = noisy
+    return out, norm
+
+
+@dataclass(frozen=True)
+class UpdatePrivacy:
+    """Client-level DP settings of one site: clip norm, noise multiplier, delta.
+
+    Attributes
+    ----------
+    clip : float
+        L2 norm ``C`` every update is scaled down to.
+    noise : float
+        Noise multiplier ``sigma``: each coordinate gets N(0, (sigma C)^2). A run
+        refuses 0 (:meth:`check`), which gives an infinite epsilon; the mechanism itself
+        accepts it, which the tests use.
+    delta : float
+        The delta of the reported (epsilon, delta).
+    """
+
+    clip: float
+    noise: float
+    delta: float = 1e-5
+
+    def __post_init__(self) -> None:
+        clip = _finite_number("dp_clip", self.clip)
+        noise = _finite_number("dp_noise", self.noise)
+        delta = _finite_number("dp_delta", self.delta)
+        if clip <= 0:
+            raise ValueError(f"dp_clip must be a positive norm, got {self.clip!r}.")
+        if noise < 0:
+            raise ValueError(f"dp_noise must be >= 0 (a noise multiplier), got {self.noise!r}.")
+        _check_delta(delta)
+        object.__setattr__(self, "clip", clip)
+        object.__setattr__(self, "noise", noise)
+        object.__setattr__(self, "delta", delta)
+
+    def epsilon(self, releases: int) -> float:
+        """Return the epsilon after ``releases`` rounds."""
+        return epsilon(self.noise, releases, self.delta)
+
+    def check(self, rounds: int, who: str = "This run") -> float:
+        """Return the epsilon of ``rounds`` rounds; raise ``ValueError`` when it is infinite."""
+        if self.noise == 0:
+            raise ValueError(
+                f"{who} would release updates with dp_noise = 0: epsilon is infinite (the "
+                "clipped update is sent in the clear). Give a noise multiplier > 0 such as "
+                "--dp-noise 1.0, or leave out --dp-clip and --dp-noise to run without DP.")
+        eps = self.epsilon(rounds)
+        if not math.isfinite(eps):
+            raise ValueError(
+                f"{who}: the RDP accountant gives epsilon = {eps} for dp_noise = "
+                f"{self.noise:g} over {rounds} rounds at dp_delta = {self.delta:g}; raise "
+                "--dp-noise or lower --rounds.")
+        return eps
+
+    def privatize(self, sent: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
+                  generator: torch.Generator | None = None) -> Weights:
+        """Return ``start + clip_and_noise(sent - start)``, key by key, in ``sent``'s dtypes.
+
+        Integer tensors (BN's ``num_batches_tracked`` under FedAvg) carry no update: the
+        received value is sent back.
+        """
+        floats = [k for k in sent if sent[k].dtype.is_floating_point]
+        update = {k: sent[k].double() - start[k].double() for k in floats}
+        if generator is None:
+            generator = torch.Generator().manual_seed(secrets.randbits(63))
+        noisy, _ = clip_and_noise(update, self.clip, self.noise, generator)
+        out: Weights = {}
+        for key, tensor in sent.items():
+            if key in noisy:
+                out[key] = (start[key].double() + noisy[key]).to(tensor.dtype)
+            else:
+                out[key] = start[key].clone().to(tensor.dtype)
+        return out
+
+
+@dataclass(frozen=True)
+class SitePrivacy:
+    """What a site's own file demands: a noise floor, a delta ceiling, its own clip norm.
+
+    Attributes
+    ----------
+    noise : float or None
+        The least noise multiplier this site releases with.
+    delta : float or None
+        The largest delta this site accepts.
+    clip : float or None
+        This site's clip norm (replaces the run's).
+    """
+
+    noise: float | None = None
+    delta: float | None = None
+    clip: float | None = None
+
+    @property
+    def demands(self) -> bool:
+        """Return whether the site asks for DP at all."""
+        return self.noise is not None or self.clip is not None
+
+
+def resolve_privacy(run: UpdatePrivacy | None, site: SitePrivacy | None,
+                    site_name: str = "the site") -> UpdatePrivacy | None:
+    """Return a site's effective DP settings: the run's, never less private than its file's.
+
+    Noise is the larger of the two, delta the smaller; the site's clip norm, when it sets
+    one, replaces the run's. A site that demands DP in a run without DP turns it on for
+    itself, and then needs its own clip norm.
+    """
+    if site is None or not site.demands:
+        return run
+    clip = site.clip if site.clip is not None else (run.clip if run is not None else None)
+    if clip is None:
+        raise ValueError(
+            f"Site file of {site_name} sets dp_noise but no dp_clip, and the run has no "
+            "--dp-clip: a noise multiplier needs a clip norm (add dp_clip = 1.0 to the file).")
+    noise = max(run.noise if run is not None else 0.0, site.noise or 0.0)
+    deltas = [d for d in (run.delta if run is not None else None, site.delta) if d is not None]
+    return UpdatePrivacy(clip=clip, noise=noise, delta=min(deltas) if deltas else 1e-5)

@@ -1,0 +1,50 @@
+"""A site node that misbehaves on purpose: tests start it as a real process.
+
+``python tests/faulty_node.py FAULT NODE-ARGS...`` runs the real node
+(:mod:`fedbn_med.federation.node`, same Fleet session, TLS and node key) with its ClientApp
+wrapped here, in the test suite: nothing in the package, its options or its messages can
+turn a fault on. Faults:
+
+- ``lies``: trains honestly, then reports ``num-examples`` of ``inf`` in round 1, ``-5``
+  in round 2, and in round 3 a metric name MLflow refuses;
+- ``silent-train``: tells the server who it is, then never answers a training message;
+- ``mute``: never answers any message (a node that registered and went quiet).
+
+Each message it gets is logged as ``faulty node got a <type> message``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+from fedbn_med.federation import client_app
+from fedbn_med.federation.node import main
+from fedbn_med.federation.records import RECORD
+
+logger = logging.getLogger("faulty_node")
+_LIES = {1: ("metrics/num-examples", float("inf")), 2: ("metrics/num-examples", -5.0),
+         3: ("metrics/bad metric!", 1.0)}
+
+
+def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
+    def app(message, context):  # noqa: ANN001, ANN202
+        kind = message.metadata.message_type
+        logger.warning("faulty node got a %s message", kind)
+        if fault == "mute" or (fault == "silent-train" and kind == "train"):
+            threading.Event().wait()  # never answers; the node's heartbeats go on
+        reply = honest(message=message, context=context)
+        if fault == "lies" and kind == "train":
+            record = reply.content.config_records[RECORD]
+            rnd = int(message.content.config_records[RECORD]["config/round"])
+            key, value = _LIES.get(rnd, _LIES[1])
+            record[key] = value
+        return reply
+
+    return app
+
+
+if __name__ == "__main__":
+    client_app.app = _faulty(sys.argv[1], client_app.app)
+    main(sys.argv[2:])
