@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from fedbn_med.argtypes import positive_int
+from fedbn_med.federation.config import ServerSettings
 from fedbn_med.spec import TASK_NAMES, RunSpec, task_defaults
 from fedbn_med.strategies import STRATEGIES
 from fedbn_med.tasks.site_toml import SITE_NAME
@@ -135,13 +136,15 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     hosp.add_argument("--superlink", default=None, help="with --site: the server's HOST:PORT")
     hosp.add_argument("--state-dir", type=Path, default=None,
                       help="with --site: where the site keeps its private state")
-    hosp.add_argument("--min-sites", type=int, default=0,
+    hosp.add_argument("--min-sites", type=int, default=None,
                       help="rounds go on with at least this many sites' accepted updates "
                            "(default: a majority of the sites)")
-    hosp.add_argument("--wait-timeout", type=_seconds, default=300.0,
-                      help="seconds to wait for sites before giving up")
-    hosp.add_argument("--round-timeout", type=_seconds, default=600.0,
-                      help="seconds a round waits for a site's reply (default 600)")
+    hosp.add_argument("--wait-timeout", type=_seconds, default=None,
+                      help="seconds to wait for sites before giving up (default "
+                           f"{ServerSettings.wait_timeout:g})")
+    hosp.add_argument("--round-timeout", type=_seconds, default=None,
+                      help="seconds a round waits for a site's reply (default "
+                           f"{ServerSettings.round_timeout:g})")
     hosp.add_argument("--share-private-layers", action="store_true",
                       help="with --site: let this site's private (BN) layers leave it when "
                            "the run's strategy sends them (default: refuse such runs)")
@@ -233,6 +236,12 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _server_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the server settings the user gave; the rest keep ServerSettings' defaults."""
+    names = ("min_sites", "wait_timeout", "round_timeout")
+    return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+
+
 def _compare_list(args: argparse.Namespace) -> tuple[str, ...]:
     if args.compare is None:
         return ()
@@ -283,8 +292,7 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
     by_spec: dict[int, dict] = {}
     if federated:
         options = FlowerOptions(workdir=workdir, tracking_uri=tracking_uri,
-                                min_sites=args.min_sites, wait_timeout=args.wait_timeout,
-                                round_timeout=args.round_timeout,
+                                **_server_options(args),
                                 progress=not args.quiet)
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
@@ -342,10 +350,9 @@ def _serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
             "--tls-dir (see pipelines/consortium_keys.py), or --insecure on a network you "
             "trust.")
     options = FlowerOptions(workdir=workdir, tracking_uri=tracking_uri, host=host,
-                            port=int(port), min_sites=args.min_sites, tls=tls,
+                            port=int(port), tls=tls, **_server_options(args),
                             node_auth=tls is not None,
-                            wait_timeout=args.wait_timeout, resume=args.resume,
-                            round_timeout=args.round_timeout,
+                            resume=args.resume,
                             allow_join=args.allow_join, federation_id="serve",
                             progress=not args.quiet)
     result = serve(spec, options)
@@ -363,5 +370,6 @@ def _site_mode(args: argparse.Namespace) -> int:
     run_site(args.site, args.superlink, state_dir=state_dir, data_dir=args.data_dir,
              device=args.device or "auto", root_certificates=args.root_certificates,
              auth_key=args.auth_key, insecure=args.insecure,
-             max_wait_time=args.wait_timeout, share_private=args.share_private_layers)
+             max_wait_time=args.wait_timeout or ServerSettings.wait_timeout,
+             share_private=args.share_private_layers)
     return 0

@@ -81,7 +81,7 @@ class ServerSettings:
     tracking_uri: str = ""
     federation_id: str = "default"
     min_sites: int = 0
-    wait_timeout: float = 120.0
+    wait_timeout: float = 300.0
     round_timeout: float = 600.0
     experiment: str = ""
     resume: bool = False
