@@ -322,7 +322,9 @@ class SiteTrainer:
              if k in self.exchanged}
             if self.strategy.mu > 0 else {}
         )
-        self._start = self.shared_weights()
+        # the received weights: the reference of DP's update and of SCAFFOLD's variate
+        needs_start = self.privacy is not None or self.control is not None
+        self._start = self.shared_weights() if needs_start else {}
         self._steps = 0
         self._server_control = dict(control or {})
         self._corrections = []

@@ -255,7 +255,8 @@ def test_first_file_with_a_million_columns_spoils_no_other(
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith(f"Skipping {paths[0]}: "), warned
     reason = (r"the header line is longer than 1,048,576 characters; expected one "
-              r"'#<label>' per ROI column" if header else r"rows have 1000000 values; expected 111 \(one per ROI\)")
+              r"'#<label>' per ROI column" if header
+              else r"rows have 1000000 values; expected 111 \(one per ROI\)")
     assert re.search(reason, warned[0])
     assert site.n_subjects == len(paths) - 1
     assert site.roi_labels == tuple(str(label) for label in HO_LABELS)

@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fedbn_med.privacy import SitePrivacy, UpdatePrivacy, resolve_privacy
 from fedbn_med.tasks.abide.sites import read_site_file, site_path, site_seed_and_device, sites_dir
+from fedbn_med.tasks.site_toml import DP_KEYS, site_privacy
 
 __all__ = ["ImagingSite", "available_imaging_sites", "check_imaging_sites",
-           "load_imaging_site"]
+           "load_imaging_site", "site_dp"]
 
-_KEYS = {"name", "institution", "datalist", "split_seed", "device"}
+_KEYS = {"name", "institution", "datalist", "split_seed", "device", *DP_KEYS}
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,9 @@ class ImagingSite:
         Seed of the split when the datalist has no validation/test lists.
     device : str
         ``"auto"``, ``"cpu"`` or ``"cuda[:N]"``.
+    privacy : SitePrivacy or None
+        Client-level DP the site demands whatever the run asks (``dp_noise`` floor,
+        ``dp_delta`` ceiling, ``dp_clip``).
     """
 
     name: str
@@ -36,6 +42,7 @@ class ImagingSite:
     device: str = "auto"
     institution: str = ""
     source: Path | None = None
+    privacy: SitePrivacy | None = None
 
 
 def _folder(task: str, directory: Path | None) -> Path:
@@ -60,7 +67,18 @@ def load_imaging_site(task: str, name: str, directory: Path | None = None) -> Im
     seed, device = site_seed_and_device(raw, path)
     return ImagingSite(name=str(raw.get("name", name)), datalist=resolved, split_seed=seed,
                        device=device, institution=str(raw.get("institution", "")),
-                       source=path)
+                       source=path, privacy=site_privacy(raw, path))
+
+
+def site_dp(site: ImagingSite, config: Any) -> UpdatePrivacy | None:
+    """Return the site's effective client-level DP: the run's, never below its file's.
+
+    Raises ``ValueError`` when the result would spend an infinite epsilon.
+    """
+    privacy = resolve_privacy(config.privacy(), site.privacy, site.name)
+    if privacy is not None:
+        privacy.check(config.rounds, who=f"Site {site.name} ({config.rounds} rounds)")
+    return privacy
 
 
 def check_imaging_sites(task: str, names: Sequence[str], directory: Path | None = None) -> None:

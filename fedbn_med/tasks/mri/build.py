@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from fedbn_med.tasks.imaging import synth
 from fedbn_med.tasks.imaging.datasets import site_data
-from fedbn_med.tasks.imaging.site_files import load_imaging_site
+from fedbn_med.tasks.imaging.site_files import load_imaging_site, site_dp
 from fedbn_med.tasks.mri.data import build_mri_data
 from fedbn_med.tasks.mri.model import build_mri_model
 from fedbn_med.tasks.mri.objective import SegmentationTrainer
@@ -33,5 +33,5 @@ def build_mri_site(name: str, config: RunSpec, data_dir: Path | None,
     return SegmentationTrainer(
         name, build_mri_model(config, data.input_shape), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
-        seed=config.seed, device=device, privacy=config.privacy(),
+        seed=config.seed, device=device, privacy=site_dp(site, config),
         class_names=synth.TISSUE_CLASSES)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedbn_med.tasks.imaging.datasets import site_data
-from fedbn_med.tasks.imaging.site_files import load_imaging_site
+from fedbn_med.tasks.imaging.site_files import load_imaging_site, site_dp
 from fedbn_med.tasks.xray.data import build_xray_data
 from fedbn_med.tasks.xray.model import build_xray_model
 from fedbn_med.tasks.xray.objective import ClassificationTrainer
@@ -32,4 +32,4 @@ def build_xray_site(name: str, config: RunSpec, data_dir: Path | None,
     return ClassificationTrainer(
         name, build_xray_model(config, data.input_shape), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
-        seed=config.seed, device=device, privacy=config.privacy())
+        seed=config.seed, device=device, privacy=site_dp(site, config))
