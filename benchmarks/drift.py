@@ -58,7 +58,7 @@ def _reach(curves: list[np.ndarray], target: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every method at E = 1 and 8 on ABIDE and on MRI; publish scores and rounds."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=50, folds=3),
+    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=30, folds=2),
                          quick=Budget(rounds=3, folds=1))
     parser.add_argument("--target-acc", type=_fraction, default=0.6,
                         help="ABIDE target mean test accuracy (default 0.6)")
@@ -126,8 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            list(100 * np.mean(c, axis=0)), None)
                       for (s, lb), c in curves.items() if s == setting}
             target = bench.args.target_dice if setting == "MRI" else bench.args.target_acc
-            panels.append(Panel(series, "round", ("Dice" if setting == "MRI" else
-                                                  "accuracy") + " (%)", hline=100 * target))
+            score = "Dice" if setting == "MRI" else "accuracy"
+            panels.append(Panel(series, "round", f"{setting}: test {score} (%)",
+                                hline=100 * target))
         return line_panels(path, panels, title="Client drift (dashed: target)")
 
     notes = (f"FedProx mu = {FEDPROX_MU:g}. SCAFFOLD's control variates cover the exchanged "

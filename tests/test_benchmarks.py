@@ -38,6 +38,8 @@ EXPECTED = {
     "heterogeneity": (["FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp)"], ["0", "1"]),
     "rounds_to_target": (["FedBN rounds", "FedAvg rounds", "FedAvg / FedBN"],
                          ["55", "60", "65", "70"]),
+    "privacy_utility": (["target epsilon", "sigma", "epsilon spent (max site)", "mean"],
+                        ["FedBN"] * 4 + ["FedAvg"] * 4),
 }
 
 
