@@ -157,6 +157,9 @@ def main() -> None:
     parser.add_argument("--stock-rounds", type=int, default=None,
                         help="rounds of stock Flower (about 25-40 s each here; default 3)")
     parser.add_argument("--mri-rounds", type=int, default=None)
+    parser.add_argument("--mri-epochs", type=int, default=6,
+                        help="local epochs of the MRI run (6: about 5 s per site and round "
+                             "on one core here)")
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 50)
     stock_rounds = args.stock_rounds or (1 if args.quick else 3)
@@ -172,7 +175,7 @@ def main() -> None:
             rows.append((label, spec, inproc, federated(spec, Path(tmp) / label[-3:])))
         mri = RunSpec.for_task("mri", rounds=mri_rounds, device="cpu",
                                **({"image_size": 32, "subjects": 8} if args.quick else
-                                  {"local_epochs": 2}))
+                                  {"local_epochs": args.mri_epochs}))
         mri_inproc, mri_site = in_process_seconds(mri)
         rows.append(("MRI", mri, mri_inproc, federated(mri, Path(tmp) / "mri")))
         stock = stock_flower_run(stock_rounds, base.sites, Path(tmp) / "stock", timeout=1800)
