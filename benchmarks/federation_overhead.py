@@ -157,14 +157,29 @@ def main() -> None:
     parser.add_argument("--stock-rounds", type=int, default=None,
                         help="rounds of stock Flower (about 25-40 s each here; default 3)")
     parser.add_argument("--mri-rounds", type=int, default=None)
-    parser.add_argument("--mri-epochs", type=int, default=6,
-                        help="local epochs of the MRI run (6: about 5 s per site and round "
+    parser.add_argument("--mri-epochs", type=int, default=9,
+                        help="local epochs of the MRI run (9: over 5 s per site and round "
                              "on one core here)")
+    parser.add_argument("--mri-only", action="store_true",
+                        help="measure only the compute-dominated MRI run (c)")
     args = parser.parse_args()
     rounds = args.rounds or (5 if args.quick else 50)
     stock_rounds = args.stock_rounds or (1 if args.quick else 3)
     mri_rounds = args.mri_rounds or (1 if args.quick else 3)
     torch.set_num_threads(1)
+    mri = RunSpec.for_task("mri", rounds=mri_rounds, device="cpu",
+                           **({"image_size": 32, "subjects": 8} if args.quick else
+                              {"local_epochs": args.mri_epochs}))
+    if args.mri_only:
+        with tempfile.TemporaryDirectory(prefix="fedbn-overhead-") as tmp:
+            mri_inproc, mri_site = in_process_seconds(mri)
+            fed = federated(mri, Path(tmp) / "mri")
+        print(f"\n(c) MRI, {mri.rounds} rounds of {mri.local_epochs} local epochs, "
+              f"{mri_site:.1f} s of compute per round at the slowest site: federated "
+              f"{fed['rounds']:.1f} s vs in-process {mri_inproc:.1f} s = "
+              f"{fed['rounds'] / mri_inproc:.2f}x (target <= 1.15x with >= 5 s per site); "
+              f"start-up {fed['startup']:.1f} s")
+        return
     base = RunSpec(strategy="fedbn", rounds=rounds, device="cpu")
     get_task("abide").prepare(base)
     rows = []
@@ -173,9 +188,6 @@ def main() -> None:
                 local_epochs=8, rounds=max(2, rounds // 5)))):
             inproc, _ = in_process_seconds(spec)
             rows.append((label, spec, inproc, federated(spec, Path(tmp) / label[-3:])))
-        mri = RunSpec.for_task("mri", rounds=mri_rounds, device="cpu",
-                               **({"image_size": 32, "subjects": 8} if args.quick else
-                                  {"local_epochs": args.mri_epochs}))
         mri_inproc, mri_site = in_process_seconds(mri)
         rows.append(("MRI", mri, mri_inproc, federated(mri, Path(tmp) / "mri")))
         stock = stock_flower_run(stock_rounds, base.sites, Path(tmp) / "stock", timeout=1800)

@@ -198,7 +198,9 @@ def test_message_id_lives_where_we_write_it():
 
 
 def test_superlink_command_is_declared():
-    module, _, name = compat.superlink_entry_point().partition(":")
+    from fedbn_med.federation.launcher.flower_cli import superlink_entry_point
+
+    module, _, name = superlink_entry_point().partition(":")
     assert callable(getattr(importlib.import_module(module), name))
 
 

@@ -14,7 +14,7 @@ and only this module does:
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
 - :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, with our back-off.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
-  :data:`RunNotRunning`, :func:`set_message_id`, :func:`superlink_entry_point`.
+  :data:`RunNotRunning`, :func:`set_message_id`.
 
 The installed flwr must be :data:`FLWR_VERSION`; another version raises ``ImportError``
 at import (set ``FEDBN_MED_ANY_FLWR=1`` to try anyway, with a warning).
@@ -36,7 +36,6 @@ import httpx
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
     "fused_run_config", "pull_replies", "set_message_id",
-    "superlink_entry_point",
 ]
 
 FLWR_VERSION = "1.42.0"
@@ -149,14 +148,6 @@ def set_message_id(message: Message, object_id: str) -> None:
 def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
     """Return the run config of ``run``: the app's defaults with the run's overrides."""
     return dict(get_fused_config_from_fab(fab_content, run))
-
-
-def superlink_entry_point() -> str:
-    """Return ``module:function`` of the ``flower-superlink`` command, from flwr's metadata."""
-    found = importlib.metadata.entry_points(group="console_scripts", name="flower-superlink")
-    for entry in found:
-        return str(entry.value)
-    raise ImportError("flwr does not declare the 'flower-superlink' command.")
 
 
 class FleetSession:

@@ -3,12 +3,13 @@
 Only documented commands and options appear here; their output is read as JSON
 (``--format json``) where Flower offers it, never searched as text. The SuperLink is
 Flower's own ``flower-superlink`` entry point (found in flwr's package metadata, see
-:func:`fedbn_med.federation._flwr_compat.superlink_entry_point`), started with the
+:func:`superlink_entry_point`), started with the
 collector tuned as long-running Python servers often are.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -53,11 +54,22 @@ _SUPERLINK_MAIN = ("import gc, importlib, sys; gc.set_threshold(50000, 50, 100);
                    "gc.freeze(); sys.argv[0] = 'flower-superlink'; sys.exit(main())")
 
 
+def superlink_entry_point() -> str:
+    """Return ``module:function`` of Flower's ``flower-superlink`` command.
+
+    Read from flwr's installed metadata (its declared console script), so the launching
+    process imports none of flwr: only the SuperLink's own process does.
+    """
+    found = importlib.metadata.entry_points(group="console_scripts", name="flower-superlink")
+    for entry in found:
+        return str(entry.value)
+    raise FileNotFoundError("flwr does not declare the 'flower-superlink' command (is flwr "
+                            "installed?).")
+
+
 def superlink_command(host: str, port: int, tls: TlsFiles | None, node_auth: bool
                       ) -> list[str]:
     """Return the command line of a SuperLink whose Fleet API listens on ``host:port``."""
-    from fedbn_med.federation._flwr_compat import superlink_entry_point
-
     cmd = [sys.executable, "-c", _SUPERLINK_MAIN.format(entry=superlink_entry_point()),
            "--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
     if tls is None:

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from flwr.app import Message, MessageType
@@ -33,8 +34,11 @@ from fedbn_med.scaffold import join_controls, split_controls, zero_controls
 from fedbn_med.tasks import get_task
 
 if TYPE_CHECKING:
+    import torch
+
     from fedbn_med.federation.config import ServerSettings
     from fedbn_med.federation.server.grid import FastGrid
+    from fedbn_med.partition import Partition
     from fedbn_med.spec import RunSpec
     from fedbn_med.tracking import FederationTracker
 
@@ -59,15 +63,11 @@ class FederationServer(SiteDiscovery, RunResults):
         self.task = get_task(config.task)
         self.input_shape = settings.input_shape or config.input_shape()
         self.min_sites = settings.needed(len(config.sites))
-        model = self.task.build_server_model(config, self.input_shape)
-        self.partition = partition_model(model)
-        self.exchanged = self.strategy.exchanged_keys(self.partition)
-        state = model.state_dict()
-        self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
-        # SCAFFOLD's server variate (empty for other strategies); checkpointed with the weights
-        self.control = zero_controls(self.global_weights, self.strategy.controlled_keys(
-            self.partition, frozenset(n for n, _ in model.named_parameters())))
-        self._write_reply_bound()
+        # Set by _build_model, which runs while the sites connect (see run).
+        self.partition: Partition
+        self.exchanged: frozenset[str] = frozenset()
+        self.global_weights: dict[str, torch.Tensor] = {}
+        self.control: dict[str, torch.Tensor] = {}
         self.sites: dict[int, str] = {}
         self.asked: set[int] = set()
         self.query_attempts: dict[int, int] = {}
@@ -85,6 +85,19 @@ class FederationServer(SiteDiscovery, RunResults):
         self._handed_over = time.monotonic()
 
     # -- set-up --------------------------------------------------------------------------
+    def _build_model(self) -> None:
+        # The task's network (for ABIDE, MONAI blocks: seconds of imports) is built while
+        # the sites connect, since only the rounds need it.
+        model = self.task.build_server_model(self.config, self.input_shape)
+        self.partition = partition_model(model)
+        self.exchanged = self.strategy.exchanged_keys(self.partition)
+        state = model.state_dict()
+        self.global_weights = {k: state[k].detach().clone() for k in self.exchanged}
+        # SCAFFOLD's server variate (empty for other strategies); checkpointed with the weights
+        self.control = zero_controls(self.global_weights, self.strategy.controlled_keys(
+            self.partition, frozenset(n for n, _ in model.named_parameters())))
+        self._write_reply_bound()
+
     def _write_reply_bound(self) -> None:
         # A site's reply is the exchanged weights plus a few numbers: twice the payload
         # and 1 MiB more is generous. The public port (fleet_gate) refuses any larger
@@ -129,14 +142,17 @@ class FederationServer(SiteDiscovery, RunResults):
 
     def run(self) -> None:
         """Run every round, then the final evaluation; write results and track them."""
-        parent_id = self.resume() if self.settings.resume else None
         self.worker = SerialWorker()
         try:
-            # Import MLflow and open its store while the sites connect.
+            # Build the model, import MLflow and open its store while the sites connect.
             self._event(event="server-started")
-            self.worker.submit(warm_up_tracking, self.settings.tracking_uri or None)
-            self.worker.submit(functools.partial(self._event, event="tracking-warm"))
-            self.discover()
+            with ThreadPoolExecutor(1, thread_name_prefix="fedbn-model") as pool:
+                built = pool.submit(self._build_model)
+                self.worker.submit(warm_up_tracking, self.settings.tracking_uri or None)
+                self.worker.submit(functools.partial(self._event, event="tracking-warm"))
+                self.discover()
+                built.result()  # the model's own error, if building it failed
+            parent_id = self.resume() if self.settings.resume else None
             self.worker.flush()
             from fedbn_med.tracking import FederationTracker
 
