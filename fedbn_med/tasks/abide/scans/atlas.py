@@ -1,32 +1,42 @@
-"""The Harvard-Oxford label image of PCP ``rois_ho``, at 6 mm, shipped as package data.
+"""The label image the built-in scan site and ``fmri_to_rois`` use: real HO, or a stand-in.
 
-``ho_atlas_6mm.nii.gz`` (about 5 KB) is derived from the PCP release's
-``ho_mask_pad.nii.gz`` (3 mm, 65 x 77 x 63, 111 labels) by :func:`derive_atlas`: each
-6 mm voxel covers 2 x 2 x 2 of the 3 mm voxels and takes their most frequent label when
-at least half of them are labelled; a label that no 6 mm voxel would keep (the 2-voxel
-label 3455, for one) takes the voxel holding most of its 3 mm voxels. Every one of the
-111 labels survives, in the ``.1D`` column order of :data:`HO_LABELS`. A hospital that has
-the release's own file can pass it instead (``--atlas``); the ROI columns are the same.
+A hospital extracting real scans passes the Harvard-Oxford image of PCP ``rois_ho``
+(``ho_mask_pad.nii.gz`` from the ABIDE Preprocessed release, 3 mm, 111 labels) with
+``--atlas``; the ROI columns are then exactly those of the release's ``rois_ho`` files.
+
+The project does not ship that image (the ABIDE release's licence is not ours to
+relicense). Without ``--atlas`` it builds a stand-in from facts in
+``cohort/ho_atlas.csv``: each of the 111 labels, in ``.1D`` column order, becomes the 6 mm
+voxels nearer to its MNI centroid than to any other centroid and within the radius of a
+sphere of its volume. That is what the built-in scan site is generated on and extracted
+with, and what the tests paint into; for real scans it is only a coarse approximation of
+the atlas, so pass the real one. :func:`derive_atlas` makes a 6 mm copy of a real atlas
+file for a hospital's own use.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 
-from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
+from fedbn_med.tasks.abide.cohort.atlas import HO_CENTROIDS_MM, HO_LABELS, HO_N_VOXELS
 
-__all__ = ["ATLAS_FILENAME", "derive_atlas", "load_atlas"]
+__all__ = ["STAND_IN", "derive_atlas", "load_atlas"]
 
-ATLAS_FILENAME = "ho_atlas_6mm.nii.gz"
+#: What the extraction manifest records when no atlas file was given.
+STAND_IN = "built-in 6 mm stand-in from the HO centroids (pass --atlas for the real one)"
+
+# The 6 mm MNI grid of the stand-in (x runs right to left, as in the PCP image).
+_SHAPE = (33, 39, 32)
+_AFFINE = np.array([[-6.0, 0.0, 0.0, 94.5], [0.0, 6.0, 0.0, -130.5],
+                    [0.0, 0.0, 6.0, -69.5], [0.0, 0.0, 0.0, 1.0]])
 
 
 def load_atlas(path: str | Path | None = None) -> nib.Nifti1Image:
-    """Return the Harvard-Oxford label image: ``path``, else the shipped 6 mm one.
+    """Return the Harvard-Oxford label image at ``path``, else the built-in stand-in.
 
     Raises
     ------
@@ -34,15 +44,28 @@ def load_atlas(path: str | Path | None = None) -> nib.Nifti1Image:
         If the image is not 3D or its labels are not the 111 labels of ``rois_ho``.
     """
     if path is None:
-        return _shipped()
+        return _stand_in()
     return _checked(nib.load(str(path)), str(path))
 
 
 @lru_cache(maxsize=1)
-def _shipped() -> nib.Nifti1Image:
-    with resources.as_file(resources.files(__package__).joinpath(ATLAS_FILENAME)) as file:
-        image = nib.load(str(file))
-        return _checked(nib.Nifti1Image(np.asarray(image.dataobj), image.affine), ATLAS_FILENAME)
+def _stand_in() -> nib.Nifti1Image:
+    ijk = np.indices(_SHAPE).reshape(3, -1).T
+    xyz = ijk @ _AFFINE[:3, :3].T + _AFFINE[:3, 3]
+    dist = np.linalg.norm(xyz[:, None, :] - HO_CENTROIDS_MM[None, :, :], axis=2)
+    radius = np.cbrt(3.0 * HO_N_VOXELS * 27.0 / (4.0 * np.pi))  # a 3 mm voxel is 27 mm^3
+    nearest = dist.argmin(axis=1)
+    inside = dist[np.arange(len(xyz)), nearest] <= radius[nearest]
+    labels = np.asarray(HO_LABELS, dtype=np.int16)
+    data = np.where(inside, labels[nearest], 0).astype(np.int16)
+    # A small ROI that every voxel nearer to a neighbour took still gets the voxel at its
+    # centroid, so all 111 columns exist (smallest ROIs placed last win a shared voxel).
+    inverse = np.linalg.inv(_AFFINE)
+    for index in np.argsort(-HO_N_VOXELS):
+        if not (data == labels[index]).any():
+            i, j, k = np.rint(inverse[:3, :3] @ HO_CENTROIDS_MM[index] + inverse[:3, 3])
+            data.reshape(_SHAPE)[int(i), int(j), int(k)] = labels[index]
+    return _checked(nib.Nifti1Image(data.reshape(_SHAPE), _AFFINE), STAND_IN)
 
 
 def _checked(image: nib.Nifti1Image, source: str) -> nib.Nifti1Image:

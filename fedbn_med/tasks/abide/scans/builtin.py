@@ -45,7 +45,7 @@ __all__ = ["BUILTIN_SCAN_FIGURES", "ensure_scan_site", "generate_scan_site"]
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_VERSION = "1"
+BUILTIN_VERSION = "2"  # 2: drawn on the stand-in atlas built from the HO centroids
 _MANIFEST = "fedbn_med_bids.json"
 _SPACE = "MNI152NLin2009cAsym"
 

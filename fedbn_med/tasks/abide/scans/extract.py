@@ -22,7 +22,7 @@ from monai.transforms import apply_transform
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.tasks.abide.data.roi_files import DataFileError
-from fedbn_med.tasks.abide.scans.atlas import load_atlas
+from fedbn_med.tasks.abide.scans.atlas import STAND_IN, load_atlas
 from fedbn_med.tasks.abide.scans.inputs import (
     ScanInput,
     find_scans,
@@ -204,7 +204,7 @@ def extract_site(
     start = time.perf_counter()
     data_dir, site_file = write_site(
         out, site, rows, series, skipped=skipped, cleaning=cleaning, source=Path(scans_dir),
-        atlas=str(atlas) if atlas else "shipped ho_atlas_6mm.nii.gz", layout=layout,
+        atlas=str(atlas) if atlas else STAND_IN, layout=layout,
         institution=institution)
     seconds["write"] = time.perf_counter() - start
     seconds["total"] = time.perf_counter() - started
