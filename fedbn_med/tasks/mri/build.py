@@ -6,8 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedbn_med.tasks.imaging import synth
-from fedbn_med.tasks.imaging.datasets import site_data
-from fedbn_med.tasks.imaging.site_files import load_imaging_site, site_dp
+from fedbn_med.tasks.imaging.build import build_image_site
 from fedbn_med.tasks.mri.data import build_mri_data
 from fedbn_med.tasks.mri.model import build_mri_model
 from fedbn_med.tasks.mri.objective import SegmentationTrainer
@@ -20,18 +19,7 @@ __all__ = ["build_mri_site"]
 
 def build_mri_site(name: str, config: RunSpec, data_dir: Path | None,
                    device: str) -> SegmentationTrainer:
-    """Return the trainer of an MRI site (the task's ``build_site``).
-
-    ``data_dir`` (else the spec's) is the data root of the built-in sites.
-    """
-    site = load_imaging_site("mri", name)
-    settings = config.settings
-    root = data_dir if data_dir is not None else config.data_dir
-    data = site_data("mri", site, settings, config.seed, root,
-                     lambda: build_mri_data(site, settings, config.seed, root))
-    device = device if device != "auto" else site.device
-    return SegmentationTrainer(
-        name, build_mri_model(config, data.input_shape), data, config.strategy_obj(),
-        lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
-        seed=config.seed, device=device, privacy=site_dp(site, config),
-        class_names=synth.TISSUE_CLASSES)
+    """Return the trainer of an MRI site (the task's ``build_site``)."""
+    return build_image_site(  # type: ignore[return-value]
+        "mri", name, config, data_dir, device, build_data=build_mri_data,
+        build_model=build_mri_model, trainer=SegmentationTrainer, class_names=synth.TISSUE_CLASSES)

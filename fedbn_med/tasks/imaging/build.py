@@ -1,0 +1,42 @@
+"""Build an imaging site's trainer from its task's parts: the one recipe MRI and X-ray share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedbn_med.tasks.imaging.datasets import ImageSiteData, site_data
+from fedbn_med.tasks.imaging.site_files import ImagingSite, load_imaging_site, site_dp
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.imaging.trainer import ImageTrainer
+
+__all__ = ["build_image_site"]
+
+
+def build_image_site(
+    task: str, name: str, config: RunSpec, data_dir: Path | None, device: str, *,
+    build_data: Callable[[ImagingSite, Any, int, Path | None], ImageSiteData],
+    build_model: Callable[[RunSpec, tuple[int, ...]], nn.Module],
+    trainer: type[ImageTrainer], **trainer_options: Any,
+) -> ImageTrainer:
+    """Return the trainer of site ``name`` of an imaging task (its ``build_site``).
+
+    The site file (``sites/<task>/<name>.toml``) gives the site's data and device; the
+    datasets are built once per process (``data_dir``, else the spec's, is the data root
+    of the built-in sites); ``trainer`` is the task's objective.
+    """
+    site = load_imaging_site(task, name)
+    settings = config.settings
+    root = data_dir if data_dir is not None else config.data_dir
+    data = site_data(task, site, settings, config.seed, root,
+                     lambda: build_data(site, settings, config.seed, root))
+    return trainer(
+        name, build_model(config, data.input_shape), data, config.strategy_obj(),
+        lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
+        seed=config.seed, device=device if device != "auto" else site.device,
+        privacy=site_dp(site, config), **trainer_options)
