@@ -20,6 +20,7 @@ A round, for every strategy that exchanges weights:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -28,12 +29,14 @@ import torch
 from fedbn_med.strategies import Strategy, weighted_average
 
 __all__ = [
+    "MAX_EXAMPLES",
     "OUTLIER_FACTOR",
     "Reply",
     "RoundOutcome",
     "RoundPlan",
     "check_reply",
     "close_round",
+    "num_examples_reason",
     "outlier_reason",
     "plan_round",
     "update_control",
@@ -45,6 +48,9 @@ Weights = dict[str, torch.Tensor]
 
 #: An update whose norm is over this many times the other sites' median is left out.
 OUTLIER_FACTOR = 50.0
+
+#: More training examples than any site holds; a larger count is refused.
+MAX_EXAMPLES = 10**9
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class Reply:
 
     site: str
     weights: Mapping[str, torch.Tensor]
-    num_examples: int
+    num_examples: int | float  # checked by close_round (num_examples_reason)
     metrics: Mapping[str, float] = field(default_factory=dict)
     controls: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
@@ -161,6 +167,20 @@ def check_reply(
                     f"{tuple(expected[key].shape)}")
         if tensor.dtype.is_floating_point and not torch.isfinite(tensor).all():
             return f"'{key}' holds NaN or Inf"
+    return None
+
+
+def num_examples_reason(value: object) -> str | None:
+    """Return why a reported number of training examples is refused, or None.
+
+    It weights the site's update in the average, so it must be a whole number from 1 to
+    :data:`MAX_EXAMPLES`: a larger one would let one site outweigh all the others.
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"it reports num-examples {value!r} (expected a number of training examples)"
+    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_EXAMPLES:
+        return (f"it reports num-examples {value!r} ({value!r} training examples; expected a "
+                f"whole number from 1 to {MAX_EXAMPLES})")
     return None
 
 
@@ -243,18 +263,23 @@ def close_round(
     current = dict(global_weights)
     controls = dict(control or {}) if strategy.controls else {}
     outcome = RoundOutcome(global_weights=current, control=controls)
+    counted = []
+    for reply in replies:  # the count weights the average and goes to MLflow: every strategy
+        reason = num_examples_reason(reply.num_examples)
+        if reason is not None:
+            outcome.refused[reply.site] = reason
+        else:
+            counted.append(reply)
     if not strategy.exchanges:
-        outcome.accepted = [r.site for r in replies]
+        outcome.accepted = [r.site for r in counted]
         return outcome
     private = frozenset(private_keys)
     sound: list[tuple[Reply, float]] = []
-    for reply in replies:
+    for reply in counted:
         reason = check_reply(reply.weights, current, private)
         if reason is None and controls:
             reason = check_reply(reply.controls, controls)
             reason = reason and f"its control variate change is unsound: {reason}"
-        if reason is None and int(reply.num_examples) <= 0:
-            reason = f"it reports {reply.num_examples} training examples (expected >= 1)"
         if reason is not None:
             outcome.refused[reply.site] = reason
             continue

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fedbn_med.federation.config import ServerSettings
-from fedbn_med.federation.server.checks import metrics_reason, num_examples_reason
-from fedbn_med.rounds import Reply, close_round
+from fedbn_med.federation.server.checks import metrics_reason
+from fedbn_med.rounds import Reply, close_round, num_examples_reason
 from fedbn_med.strategies import get_strategy
 
 

@@ -25,7 +25,7 @@ from flwr.app import Message, MessageType
 from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, write_text_atomic
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.federation.server.checks import metrics_reason, num_examples_reason
+from fedbn_med.federation.server.checks import metrics_reason
 from fedbn_med.federation.server.discovery import SiteDiscovery
 from fedbn_med.federation.server.results import RunResults, warm_up_tracking
 from fedbn_med.partition import partition_model
@@ -209,11 +209,11 @@ class FederationServer(SiteDiscovery, RunResults):
             try:
                 payload = unpack(reply.content)
                 metrics = payload.floats("metrics")
-                reason = num_examples_reason(metrics["num-examples"]) or metrics_reason(
+                reason = metrics_reason(
                     {s: payload.floats(s) for s in ("metrics", "eval") if s in payload.sections})
                 if reason is not None:
                     raise ValueError(reason)
-                num_examples = int(metrics["num-examples"])
+                num_examples = metrics["num-examples"]  # checked by close_round
                 fits_row = {"num_examples": metrics["num-examples"],
                             "train_loss": metrics["train_loss"],
                             "setups": metrics.get("setups", 0.0),
