@@ -16,19 +16,17 @@ Options left out take the run spec's defaults (:mod:`fedbn_med.spec` and the tas
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from fedbn_med.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
-from fedbn_med.spec import TASK_NAMES, RunSpec, task_defaults
+from fedbn_med.spec import TASK_NAMES, RunSpec, settings_module, task_defaults
 from fedbn_med.strategies import STRATEGIES
 from fedbn_med.tasks.site_toml import SITE_NAME
 
@@ -64,10 +62,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _settings(task: str) -> ModuleType:
-    return importlib.import_module(f"fedbn_med.tasks.{task}.settings")
-
-
 def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     """Return the argument parser; ``task`` sets the defaults shown in ``--help``."""
     d = task_defaults(task)
@@ -83,7 +77,7 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--mu", type=float, default=None, help="proximal weight (FedProx, FedBN+prox)")
     p.add_argument("--compare", nargs="?", default=None, const="",
                    help="run several strategies (comma-separated; alone: "
-                        f"{','.join(_settings(task).COMPARE)}) and print one table")
+                        f"{','.join(settings_module(task).COMPARE)}) and print one table")
     p.add_argument("--folds", type=positive_int, default=1,
                    help="with --compare: folds to average over (the paper uses 5)")
     p.add_argument("--rounds", type=positive_int, default=None,
@@ -118,9 +112,9 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
         p.add_argument("--subjects", type=positive_int, default=None,
                        help=f"subjects per built-in site (default {own.subjects})")
     p.add_argument("--engine", choices=("flower", "inprocess"),
-                   default=_settings(task).ENGINE,
+                   default=settings_module(task).ENGINE,
                    help="flower: one process per site over Flower; inprocess: the reference "
-                        f"driver in this process (default {_settings(task).ENGINE})")
+                        f"driver in this process (default {settings_module(task).ENGINE})")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else mlflow/ here)")
     p.add_argument("--workdir", type=Path, default=None,
@@ -246,7 +240,7 @@ def _compare_list(args: argparse.Namespace) -> tuple[str, ...]:
     if args.compare is None:
         return ()
     names = tuple(s.strip().lower() for s in args.compare.split(",") if s.strip())
-    return names or tuple(_settings(args.task).COMPARE)
+    return names or tuple(settings_module(args.task).COMPARE)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

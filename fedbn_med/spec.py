@@ -28,20 +28,20 @@ from typing import Any, ClassVar, Protocol
 
 from fedbn_med.privacy import UpdatePrivacy
 from fedbn_med.strategies import Strategy, get_strategy
+from fedbn_med.tasks import TASK_NAMES
 
 __all__ = [
     "RUN_CONFIG_KEY",
     "TASK_NAMES",
     "RunSpec",
     "TaskSettings",
+    "settings_module",
     "task_defaults",
 ]
 
 #: The one Flower run-config (and node-config) key that carries our JSON.
 RUN_CONFIG_KEY = "fedbn-med"
 
-#: Tasks with a ``fedbn_med/tasks/<name>/settings.py``.
-TASK_NAMES = ("abide", "mri", "xray")
 
 
 class TaskSettings(Protocol):
@@ -54,7 +54,8 @@ class TaskSettings(Protocol):
         ...
 
 
-def _settings_module(task: str) -> ModuleType:
+def settings_module(task: str) -> ModuleType:
+    """Return ``fedbn_med.tasks.<task>.settings`` (light: no torch, no MONAI)."""
     if task not in TASK_NAMES:
         raise ValueError(f"Unknown task '{task}'. Valid tasks: {', '.join(TASK_NAMES)}.")
     return importlib.import_module(f"fedbn_med.tasks.{task}.settings")
@@ -66,7 +67,7 @@ def task_defaults(task: str) -> dict[str, Any]:
     Each task's ``settings.py`` holds ``DEFAULTS`` (for example the sites, the rounds, the
     batch size and the learning rate) and ``Settings``, its own settings class.
     """
-    module = _settings_module(task)
+    module = settings_module(task)
     return {**module.DEFAULTS, "settings": module.Settings()}
 
 
@@ -76,7 +77,7 @@ def _positive_int(name: str, value: object) -> None:
 
 
 def _default_settings() -> TaskSettings:
-    return _settings_module("abide").Settings()  # type: ignore[no-any-return]
+    return settings_module("abide").Settings()  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class RunSpec:
     dp_delta: float = 1e-5
 
     def __post_init__(self) -> None:
-        module = _settings_module(self.task)
+        module = settings_module(self.task)
         if not isinstance(self.settings, module.Settings):
             raise TypeError(
                 f"settings of a '{self.task}' run must be {module.Settings.__qualname__}, got "
@@ -259,7 +260,7 @@ class RunSpec:
             raise TypeError(f"A run spec must be a JSON object, got {type(values).__name__}.")
         values = dict(values)
         task = str(values.get("task", "abide"))
-        module = _settings_module(task)
+        module = settings_module(task)
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - fields)
         if unknown:

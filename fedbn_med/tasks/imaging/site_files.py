@@ -8,8 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from fedbn_med.privacy import SitePrivacy, UpdatePrivacy, resolve_privacy
-from fedbn_med.tasks.abide.sites import read_site_file, site_path, site_seed_and_device, sites_dir
-from fedbn_med.tasks.site_toml import DP_KEYS, site_privacy
+from fedbn_med.tasks.site_toml import (
+    DP_KEYS,
+    read_site_file,
+    site_path,
+    site_privacy,
+    site_seed_and_device,
+    sites_dir,
+)
 
 __all__ = ["ImagingSite", "available_imaging_sites", "check_imaging_sites",
            "load_imaging_site", "site_dp"]
