@@ -87,13 +87,11 @@ def runtime(context: Context) -> SiteRuntime:
     key = (context.run_id, node.site)
     if key not in _RUNTIMES:
         config, server = read_run_config(context.run_config)
-        strategy = config.strategy_obj()
-        if strategy.exchanges and not strategy.keeps_private and not node.share_private:
-            raise PermissionError(_refusal(node.site, strategy.name))
         task = get_task(config.task)
         trainer = task.build_site(node.site, config, node.data_dir, node.device)
+        # The site's own policy, on the keys its strategy would actually send.
         if trainer.exchanged & trainer.partition.private and not node.share_private:
-            raise PermissionError(_refusal(node.site, strategy.name))
+            raise PermissionError(_refusal(node.site, config.strategy))
         state_path = node.state_path(server.federation_id)
         rt = SiteRuntime(trainer=trainer, state_path=state_path)
         rt.restore()
