@@ -244,7 +244,8 @@ def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
     trainers = {name: build_trainer(sites[name], config, datas[name]) for name in sites}
     strategy = config.strategy_obj()
     pooled = build_pooled(trainers, config) if strategy.pooled else None
-    return run_in_process(trainers, strategy, config.rounds, pooled=pooled)
+    return run_in_process(trainers, strategy, config.rounds, pooled=pooled,
+                          weighting=config.weighting)
 
 
 def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedbn_med.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
@@ -30,10 +30,16 @@ from fedbn_med.spec import TASK_NAMES, RunSpec, settings_module, task_defaults
 from fedbn_med.strategies import STRATEGIES
 from fedbn_med.tasks.site_toml import SITE_NAME
 
+if TYPE_CHECKING:
+    from fedbn_med.protocol import Comparison
+
 __all__ = ["build_parser", "main"]
 
 _SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
-                 "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta")
+                 "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
+                 "weighting", "bn_init", "threads")
+#: --compare's protocol unless --folds/--seeds say otherwise: every fold, three seeds.
+COMPARE_FOLDS, COMPARE_SEEDS = 5, 3
 
 
 def _sites(text: str) -> tuple[str, ...]:
@@ -78,8 +84,11 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--compare", nargs="?", default=None, const="",
                    help="run several strategies (comma-separated; alone: "
                         f"{','.join(settings_module(task).COMPARE)}) and print one table")
-    p.add_argument("--folds", type=positive_int, default=1,
-                   help="with --compare: folds to average over (the paper uses 5)")
+    p.add_argument("--folds", type=positive_int, default=None,
+                   help=f"with --compare: test folds 0..N-1 (default {COMPARE_FOLDS})")
+    p.add_argument("--seeds", type=positive_int, default=None,
+                   help=f"with --compare: seeds per fold, from --seed on (default "
+                        f"{COMPARE_SEEDS}); methods are compared cell by cell")
     p.add_argument("--rounds", type=positive_int, default=None,
                    help=f"communication rounds (default {d.get('rounds', 30)})")
     p.add_argument("--local-epochs", type=positive_int, default=None)
@@ -88,6 +97,15 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None,
                    help=f"SGD learning rate (default {d.get('lr', 1e-2):g})")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--weighting", choices=("samples", "equal"), default=None,
+                   help="how the server averages shared weights: by training examples "
+                        "(default) or every site alike (the FedBN paper's code)")
+    p.add_argument("--bn-init", choices=("data", "default"), default=None,
+                   help="where BN running statistics start: the site's own training data "
+                        "(default) or PyTorch's 0 and 1")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads per site on the CPU (default 1); part of a result's "
+                        "identity, as float sums round differently across threads")
     p.add_argument("--fold", type=int, default=None)
     p.add_argument("--sites", type=_sites, default=None,
                    help=f"comma-separated sites (default {','.join(d['sites'])})")
@@ -259,10 +277,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.serve:
         return _serve_mode(args, spec, tracking_uri, workdir)
     compare = _compare_list(args)
-    strategies = compare or (spec.strategy,)
-    folds = range(args.folds) if compare else (spec.fold,)
-    specs = [spec_from_args(args, s, f) if compare else spec for s in strategies
-             for f in folds]
+    if not compare and (args.folds is not None or args.seeds is not None):
+        raise ValueError("--folds and --seeds go with --compare; for one run, choose its "
+                         "fold with --fold and its seed with --seed.")
+    if compare:
+        folds = range(args.folds or COMPARE_FOLDS)
+        seeds = range(spec.seed, spec.seed + (args.seeds or COMPARE_SEEDS))
+        specs = [spec_from_args(args, s, f).replace(seed=seed) for s in compare
+                 for f in folds for seed in seeds]
+    else:
+        specs = [spec]
     results = _run_all(args, specs, tracking_uri, workdir)
     _print_results(specs, results, compare, tracking_uri, time.monotonic() - started)
     return 0
@@ -298,24 +322,58 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
 
 def _print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str, ...],
                    tracking_uri: str, seconds: float) -> None:
-    from fedbn_med.report import paper_table
-
     if compare:
-        first = next(iter(results[0]["final"].values()), {})
-        metrics = [m for m in ("accuracy", "auc", "dice") if f"test_{m}" in first]
-        for metric in metrics:
-            table: dict[str, dict[str, list[float]]] = {}
-            for spec, result in zip(specs, results):
-                per_site = table.setdefault(spec.label, {})
-                for site, values in result["final"].items():
-                    per_site.setdefault(site, []).append(float(values[f"test_{metric}"]))
-            print(paper_table(table, list(specs[0].sites), metric=metric) + "\n")
+        comparison = _comparison(specs, results)
+        print("\n" + comparison.report())
+        run_id = _log_comparison(specs, comparison, tracking_uri)
+        print(f"\nMLflow: the comparison is run {run_id}, each strategy's runs beside it")
     else:
         spec = specs[0]
         print(f"\n{results[0]['strategy']} after {spec.rounds} rounds (test split, fold "
               f"{spec.fold}), % per site:\n")
         print(results[0]["table"])
     print(f"\nwall time {seconds:.1f} s; MLflow: mlflow ui --backend-store-uri {tracking_uri}")
+
+
+def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
+    from fedbn_med.protocol import Cell, Comparison
+
+    comparison = Comparison(sites=tuple(specs[0].sites))
+    for spec, result in zip(specs, results):
+        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"]))
+    return comparison
+
+
+def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: str) -> str:
+    """Log the comparison's tables and figures as one MLflow run; return its id."""
+    import csv
+    import io
+
+    from fedbn_med.tasks import get_task
+    from fedbn_med.tracking import FederationTracker
+
+    first = specs[0]
+    params = {**first.params(), "strategy": ",".join(comparison.strategies),
+              "folds": len({s.fold for s in specs}), "seeds": len({s.seed for s in specs}),
+              "seed": ",".join(str(s) for s in sorted({s.seed for s in specs})),
+              "fold": "all", "strategy_label": "compare"}
+    tracker = FederationTracker(get_task(first.task).experiment, "compare", params, sites=(),
+                                tracking_uri=tracking_uri,
+                                tags={"task": first.task, "kind": "compare"})
+    try:
+        tracker.log_metrics(comparison.metrics())
+        tracker.log_text(comparison.report() + "\n", "compare.md")
+        buf = io.StringIO()
+        rows = comparison.rows()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        tracker.log_text(buf.getvalue(), "cells.csv")
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish()
+    return tracker.parent_id
 
 
 def _serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,

@@ -68,12 +68,13 @@ def run_in_process(
     pooled: SiteTrainer | None = None,
     on_round: RoundCallback | None = None,
     evaluate: bool = True,
+    weighting: str = "samples",
 ) -> History:
     """Run ``rounds`` federated rounds over the given site trainers.
 
     Each round is the one :mod:`fedbn_med.rounds` defines: every site loads the global
     exchanged weights and trains locally; :func:`fedbn_med.rounds.close_round` checks the
-    replies and averages the sound ones, weighted by their training examples; every site
+    replies and averages the sound ones (by training examples, or equally); every site
     then evaluates the new global weights with its own private layers.
 
     Parameters
@@ -93,6 +94,9 @@ def run_in_process(
         Called after each round with ``(round, {site: metrics})``.
     evaluate : bool
         Score every site after every round (off: training only, e.g. to get weights).
+    weighting : str
+        ``"samples"`` or ``"equal"``: how :func:`~fedbn_med.rounds.close_round` weighs
+        the sites' updates.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}.")
@@ -124,7 +128,7 @@ def run_in_process(
                 replies.append(Reply(site, weights, n, fit, trainer.control_delta))
                 round_metrics[site] = {"num_examples": n, **fit}
             outcome = close_round(strategy, global_weights, replies, private, control=control,
-                                  n_sites=len(trainers))
+                                  n_sites=len(trainers), weighting=weighting)
             control = outcome.control
             for site, reason in outcome.refused.items():
                 logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
@@ -155,5 +159,6 @@ def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
                 for name in spec.sites}
     pooled = task.build_pooled(trainers, spec) if strategy.pooled else None
     first = next(iter(trainers.values()))
-    history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled, on_round=on_round)
+    history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled, on_round=on_round,
+                             weighting=spec.weighting)
     return history, first.partition.all - first.exchanged

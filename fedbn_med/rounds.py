@@ -235,7 +235,7 @@ def update_control(
 def close_round(
     strategy: Strategy, global_weights: Mapping[str, torch.Tensor], replies: Sequence[Reply],
     private_keys: Iterable[str] = (), *, control: Mapping[str, torch.Tensor] | None = None,
-    n_sites: int | None = None,
+    n_sites: int | None = None, weighting: str = "samples",
 ) -> RoundOutcome:
     """Check every reply, leave out the unsound ones, and average the rest.
 
@@ -254,6 +254,9 @@ def close_round(
         carry a change of the same keys and shapes, and the accepted ones move it.
     n_sites : int, optional
         Sites in the federation (default: the replies).
+    weighting : str
+        ``"samples"``: each accepted site weighs by its training examples (FedAvg's
+        rule); ``"equal"``: every accepted site weighs the same (the FedBN paper's code).
 
     Returns
     -------
@@ -291,12 +294,18 @@ def close_round(
             outcome.refused[reply.site] = reason
         else:
             outcome.accepted.append(reply.site)
-    kept = [(r.weights, int(r.num_examples)) for r, _ in sound if r.site in outcome.accepted]
+    if weighting not in ("samples", "equal"):
+        raise ValueError(f"weighting must be 'samples' or 'equal', got {weighting!r}.")
+
+    def weight(reply: Reply) -> int:
+        return int(reply.num_examples) if weighting == "samples" else 1
+
+    kept = [(r.weights, weight(r)) for r, _ in sound if r.site in outcome.accepted]
     if kept:
         outcome.global_weights = weighted_average(kept)
         if controls:
             outcome.control = update_control(
-                controls, [(r.controls, int(r.num_examples)) for r, _ in sound
+                controls, [(r.controls, weight(r)) for r, _ in sound
                            if r.site in outcome.accepted],
                 max(n_sites or len(replies), len(kept)))
     return outcome

@@ -71,6 +71,12 @@ def task_defaults(task: str) -> dict[str, Any]:
     return {**module.DEFAULTS, "settings": module.Settings()}
 
 
+#: How the server may average shared weights (``RunSpec.weighting``).
+WEIGHTINGS = ("samples", "equal")
+#: Where BN running statistics may start (``RunSpec.bn_init``).
+BN_INITS = ("data", "default")
+
+
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}.")
@@ -115,6 +121,18 @@ class RunSpec:
         undefined is refused.
     dp_delta : float
         The delta of the (epsilon, delta) each site reports.
+    weighting : str
+        How the server averages the shared weights: ``"samples"`` (by each site's
+        training examples, FedAvg's rule) or ``"equal"`` (every site alike, as the FedBN
+        paper's published code does).
+    bn_init : str
+        Where each site's BN running mean and variance start: ``"data"`` (one pass over
+        the site's own training data with the initial model, before round 1) or
+        ``"default"`` (PyTorch's 0 and 1). Training is standard BN training either way.
+    threads : int
+        Torch threads a site computes with on the CPU. Float sums split over threads
+        round differently, so the thread count is part of a result's identity: the same
+        spec gives the same numbers whatever ``OMP_NUM_THREADS`` or the machine's cores.
     """
 
     task: str = "abide"
@@ -135,6 +153,9 @@ class RunSpec:
     dp_clip: float | None = None
     dp_noise: float | None = None
     dp_delta: float = 1e-5
+    weighting: str = "samples"
+    bn_init: str = "data"
+    threads: int = 1
 
     def __post_init__(self) -> None:
         module = settings_module(self.task)
@@ -143,7 +164,11 @@ class RunSpec:
                 f"settings of a '{self.task}' run must be {module.Settings.__qualname__}, got "
                 f"{type(self.settings).__name__}.")
         get_strategy(self.strategy, self.mu)  # validates the name and mu
-        for name in ("rounds", "local_epochs", "batch_size", "n_folds"):
+        for name, valid in (("weighting", WEIGHTINGS), ("bn_init", BN_INITS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
+                                 f"{getattr(self, name)!r}.")
+        for name in ("rounds", "local_epochs", "batch_size", "n_folds", "threads"):
             _positive_int(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}.")
@@ -235,7 +260,9 @@ class RunSpec:
     def params(self) -> dict[str, object]:
         """Return the settings as flat loggable parameters (MLflow)."""
         out = self.to_dict()
-        out.update(out.pop("settings"))
+        settings = out.pop("settings")
+        log_params = getattr(self.settings, "log_params", None)
+        out.update(log_params() if log_params is not None else settings)
         out["sites"] = ",".join(self.sites)
         out["strategy_label"] = self.label
         return out

@@ -212,6 +212,12 @@ class FederationTracker:
             self.log_round(rnd, by_round[rnd])
         return missing
 
+    def log_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Log summary figures (finite ones) on the parent run, at step 0."""
+        batch = _finite_metrics(metrics, 0, int(time.time() * 1000))
+        for start in range(0, len(batch), _BATCH):
+            self.client.log_batch(self.parent_id, metrics=batch[start:start + _BATCH])
+
     def log_text(self, text: str, artifact_file: str) -> None:
         """Store a text artifact (a results table) on the parent run."""
         self.client.log_text(self.parent_id, text, artifact_file)

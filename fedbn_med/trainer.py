@@ -127,7 +127,13 @@ class SiteTrainer:
         seed: int = 0,
         device: str | torch.device | None = "auto",
         privacy: UpdatePrivacy | None = None,
+        bn_init: str = "default",
+        threads: int | None = None,
     ) -> None:
+        if bn_init not in ("data", "default"):
+            raise ValueError(f"bn_init must be 'data' or 'default', got {bn_init!r}.")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads}.")
         if lr <= 0 or not math.isfinite(lr):
             raise ValueError(f"lr must be a positive number, got {lr}.")
         if batch_size < 2:
@@ -143,6 +149,8 @@ class SiteTrainer:
         self.batch_size = int(batch_size)
         self.local_epochs = int(local_epochs)
         self.seed = int(seed)
+        self.bn_init = bn_init
+        self.threads = threads
         self.partition = partition_model(model)
         self.exchanged = strategy.exchanged_keys(self.partition)
         self.rounds_trained = 0
@@ -227,7 +235,14 @@ class SiteTrainer:
         return sum(n for _, _, n in self.dp_history)
 
     def load_shared(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Load received weights; refuse keys this site does not exchange or bad shapes."""
+        """Load received weights; refuse keys this site does not exchange or bad shapes.
+
+        Every fit and score starts here, so this is also where the site's thread count is
+        set (on the CPU): the same spec then gives the same numbers on any machine.
+        """
+        if self.threads is not None and self.device.type == "cpu" and (
+                torch.get_num_threads() != self.threads):
+            torch.set_num_threads(self.threads)
         self._load(weights, allowed=self.exchanged)
 
     def _load(self, weights: Mapping[str, torch.Tensor], allowed: frozenset[str]) -> None:
@@ -317,6 +332,8 @@ class SiteTrainer:
         if epochs < 1:
             raise ValueError(f"local_epochs must be at least 1, got {epochs}.")
         self.load_shared(weights or {})
+        if self.bn_init == "data":
+            self._start_bn_statistics()
         anchor = (
             {k: v.detach().clone() for k, v in self.model.state_dict().items()
              if k in self.exchanged}
@@ -335,6 +352,40 @@ class SiteTrainer:
                 self.control.correction(self._server_control).items()]
         torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
         return rnd, epochs, anchor
+
+    @torch.no_grad()
+    def _start_bn_statistics(self) -> None:
+        """Set every BN layer's running mean and variance from this site's training data.
+
+        Done once, before the first local step, when no BN layer has seen a batch yet:
+        one pass, in the training split's order and in training batches. PyTorch starts the running statistics
+        at 0 and 1; on connectivity features the first layer's outputs have a variance
+        near 0.005, and with momentum 0.1 and a few batches a round the estimates take
+        tens of rounds to arrive, so that a site's evaluations first predict one class.
+        Starting from the site's own statistics changes nothing else: the layers stay
+        local under FedBN and train as standard BN afterwards.
+        """
+        layers = [m for m in self.model.modules()
+                  if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        x = self.data.train[0]
+        # Only layers that never saw a batch: a resumed or averaged layer keeps its values.
+        if not layers or x.shape[0] < 2 or any(int(m.num_batches_tracked) for m in layers):
+            return
+        saved = [m.momentum for m in layers]
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average over this pass
+        was_training = self.model.training
+        self.model.train()
+        try:
+            for start in range(0, x.shape[0], self.batch_size):
+                batch = x[start:start + self.batch_size]
+                if batch.shape[0] >= 2:
+                    self.model(batch.to(self.device))
+        finally:
+            for m, momentum in zip(layers, saved):
+                m.momentum = momentum
+            self.model.train(was_training)
 
     @torch.no_grad()
     def _correct_gradients(self, scale: float = 1.0) -> None:

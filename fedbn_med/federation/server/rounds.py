@@ -233,7 +233,8 @@ class FederationServer(SiteDiscovery, RunResults):
             fits[site] = fits_row
         outcome = close_round(self.strategy, self.global_weights, updates,
                               self.partition.all - self.exchanged, control=self.control,
-                              n_sites=max(len(self.config.sites), len(nodes)))
+                              n_sites=max(len(self.config.sites), len(nodes)),
+                              weighting=self.config.weighting)
         refused.update(outcome.refused)
         for site, reason in outcome.refused.items():
             logger.warning("Round %d: update of site %s refused: %s", rnd, site, reason)

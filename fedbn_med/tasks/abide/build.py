@@ -99,6 +99,7 @@ def build_trainer(
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
         seed=config.seed, device=device or (config.device if config.device != "auto"
                                             else site.device), privacy=privacy,
+        bn_init=config.bn_init, threads=config.threads,
     )
 
 
@@ -134,6 +135,7 @@ def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTr
         "pooled", build_model(datas[0].num_features, config), pooled_data(datas),
         config.strategy_obj(), lr=config.lr, batch_size=config.batch_size,
         local_epochs=config.local_epochs, seed=config.seed, device=config.device,
+        bn_init=config.bn_init, threads=config.threads,
     )
 
 

@@ -6,7 +6,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["COMPARE", "DEFAULTS", "ENGINE", "NUM_FEATURES", "Settings"]
+__all__ = ["COHORT_VERSION", "COMPARE", "DEFAULTS", "ENGINE", "NUM_FEATURES", "Settings"]
+
+#: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
+#: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
+#: 2: per-site gain (temporal noise) and wider offsets (global signal), a sparse and
+#: heterogeneous diagnosis effect.
+COHORT_VERSION = "2"
 
 #: Upper triangle of the 111 x 111 Harvard-Oxford connectivity matrix.
 NUM_FEATURES = 111 * 110 // 2
@@ -46,6 +52,10 @@ class Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
+
+    def log_params(self) -> dict[str, object]:
+        """Return what MLflow logs of these settings (with the built-in cohort's version)."""
+        return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION}
 
     def input_shape(self) -> tuple[int, ...]:
         """Return ``(6105,)``: one connectivity vector per subject."""

@@ -39,4 +39,4 @@ def build_image_site(
         name, build_model(config, data.input_shape), data, config.strategy_obj(),
         lr=config.lr, batch_size=config.batch_size, local_epochs=config.local_epochs,
         seed=config.seed, device=device if device != "auto" else site.device,
-        privacy=site_dp(site, config), **trainer_options)
+        privacy=site_dp(site, config), threads=config.threads, **trainer_options)

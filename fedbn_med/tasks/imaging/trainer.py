@@ -49,10 +49,11 @@ class ImageTrainer(SiteTrainer):
     def __init__(self, site: str, model: nn.Module, data: ImageSiteData, strategy: Strategy,
                  *, lr: float = 1e-3, batch_size: int = 8, local_epochs: int = 1,
                  seed: int = 0, device: str | torch.device | None = "auto",
-                 amp: bool | None = None, privacy: UpdatePrivacy | None = None) -> None:
+                 amp: bool | None = None, privacy: UpdatePrivacy | None = None,
+                 threads: int | None = None) -> None:
         super().__init__(site, model, data, strategy, lr=lr,  # type: ignore[arg-type]
                          batch_size=batch_size, local_epochs=local_epochs, seed=seed,
-                         device=device, privacy=privacy)
+                         device=device, privacy=privacy, threads=threads)
         self.data: ImageSiteData = data  # type: ignore[assignment]
         self.amp = (self.device.type == "cuda") if amp is None else bool(amp)
 

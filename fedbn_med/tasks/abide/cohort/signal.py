@@ -11,13 +11,20 @@ Everything below happens per subject on the 111 Harvard-Oxford ROIs of ``rois_ho
    homotopic (left-right mirror region) term, and a small fixed idiosyncratic part.
 2. Individual variation: system-by-system block offsets (low rank, so it stays close
    to a valid correlation matrix) and a small independent per-connection term.
-3. Diagnosis: on a fixed subset of :data:`DX_EDGE_FRACTION` (7 %) of the connections,
-   biased towards default-mode, salience, limbic and subcortical regions, ASD shifts
-   ``z`` by ``d * DX_Z_PER_D`` with ``d`` drawn in :data:`DX_COHEN_D` (0.2 to 0.4);
-   long-range effects are mostly hypo-, short-range mostly hyper-connectivity. The
-   effect is identical at every site. ``DX_Z_PER_D`` is calibrated so that the Cohen's
-   d measured on the output features (after noise, global signal and finite sampling
-   have attenuated it) averages about 0.3 (0.24 to 0.37 per default site).
+3. Diagnosis: on a fixed, sparse subset of :data:`DX_EDGE_FRACTION` (5 %) of the
+   connections, biased towards default-mode, salience, limbic and subcortical regions,
+   ASD shifts ``z`` by ``e * d * DX_Z_PER_D`` with ``d`` drawn per connection in
+   :data:`DX_COHEN_D` (0.1 to 0.5) and ``e``, the subject's expression of the pattern,
+   uniform in :data:`DX_EXPRESSION` (0 to 2): autism is heterogeneous, and some autistic
+   subjects show little of the group difference. Long-range effects are mostly hypo-,
+   short-range mostly hyper-connectivity. The effect is identical at every site.
+   ``DX_Z_PER_D`` is calibrated so that projecting a subject on the true pattern (an
+   oracle without estimation error) gives a within-site AUC of 0.85 to 0.98 (seed 0,
+   ``benchmarks/cohort_check.py``), and the networks learned from it land in the range
+   published for ABIDE I: about 60 to 70 % accuracy (e.g. Nielsen et al. 2013, 60 %;
+   Abraham et al. 2017, 67 %; Heinsfeld et al. 2018, 70 %). Cohort version 1 placed
+   7 % of the connections at full strength in every subject; the oracle then scored 97 to
+   100 %, and rankings followed sample size rather than site shift.
 4. Head motion: mean framewise displacement (FD) is drawn per subject (log-normal, with
    the real site and diagnosis medians, so ASD moves more); ``z`` changes by
    ``MOTION_GAIN * (FD - FD_ref) * (exp(-d / 25 mm) - 0.3)``: motion raises short-range
@@ -29,22 +36,44 @@ Everything below happens per subject on the 111 Harvard-Oxford ROIs of ``rois_ho
 The subject's ``z`` matrix is mapped to correlations (``tanh``), made positive definite
 by eigenvalue clipping and rescaled to a unit diagonal. Time series are drawn with that
 correlation (Cholesky factor applied to AR(1) Gaussian noise, whose smoothness depends
-on TR, like band-pass filtered BOLD). Then, per site: a global signal with a
-site-specific share of variance, per-ROI noise whose level depends on the ROI size
-(fewer voxels, lower temporal SNR), on ventral susceptibility regions and on the site
-(temporal SNR), per-ROI scaling and offsets, and the site's volume count and TR. A few
+on TR, like band-pass filtered BOLD). Then, per site, the two acquisition effects that
+change correlations themselves (cohort version 2):
+
+- Gain, from temporal noise. Each ROI gets noise whose variance, relative to the network
+  signal, is :data:`NOISE_TO_SIGNAL` (1.5 at the reference site) times a per-ROI shape
+  (smaller ROIs and ventral susceptibility regions are noisier) times a site factor.
+  The site factor comes from the real site's quality figures in the PCP table (image SNR
+  ``func_fber``, excess volume-to-volume change ``func_dvars``: noise grows as
+  ``(FBER_ref / FBER) * (DVARS / DVARS_ref)^2``), with a seeded log-normal part for what
+  those medians miss (coil, reconstruction, physiology). Noise attenuates every
+  correlation, the diagnosis effect included, by the classic attenuation factor
+  ``sqrt(rel_i * rel_j)`` (reliability ``rel = 1 / (1 + noise)``): a per-site
+  multiplicative gain. Edge-level FC is known to be noisy (a meta-analysis of test-retest
+  studies found a mean edge ICC of 0.29; Noble et al. 2019), hence noise comparable with
+  the signal.
+- Offset, from the global signal. Physiological fluctuations (respiration, heart rate,
+  arousal) and scanner drift add one signal to every ROI; its share of variance differs
+  between sites and populations, and with whether a site regresses it out, and it moves
+  every correlation up together (mean connectivity differs a lot between sites: Yan et
+  al. 2013). The share is :data:`GLOBAL_SIGNAL_SHARE` at the reference, log-normal
+  across sites with sd :data:`GLOBAL_SIGNAL_LOG_SD`, and it also lowers the gain.
+
+At the default settings (seed 0) the features' site means, regressed on the pooled mean,
+have slopes 0.70 to 1.18 and offsets -0.05 to +0.08 z (version 1: slopes 0.93 to 1.07).
+The per-ROI scaling and offsets of version 1 are gone: correlations ignore them. A few
 subjects per site get the real all-zero column of the 2-voxel ROI 3455 (index 82).
 
-``site_effect`` scales every site effect: shift, scaling, temporal SNR, global signal and
-amplitude scale linearly with it, while acquisition (volumes, TR) and motion figures
+``site_effect`` scales every site effect: shift, scaling, and the log of the temporal
+noise and global-signal factors move linearly with it, while acquisition (volumes, TR)
+and motion figures
 move from a common reference (``site_effect=0``: 200 volumes, TR 2 s, pooled motion)
 to the real site values (``site_effect>=1``). With ``site_effect=0`` the sites differ
 only in their subject counts, diagnosis ratio, age and sex, which do not enter the
 signal.
 
 At the default settings the result behaves like real ABIDE features: a logistic
-regression tells the four default sites apart almost perfectly, while diagnosis is
-learnable only modestly (about 60 to 75 % within-site cross-validated accuracy).
+regression tells the four default sites apart almost perfectly (99.7 %), while diagnosis
+is learnable only modestly (51 to 65 % within-site cross-validated accuracy).
 
 The figures the model starts from are in :mod:`.figures`, the atlas in :mod:`.atlas`.
 """
@@ -69,19 +98,29 @@ from fedbn_med.tasks.abide.cohort.atlas import (
 from fedbn_med.tasks.abide.cohort.figures import (
     REFERENCE_FD_ASD,
     REFERENCE_FD_CONTROL,
+    REFERENCE_DVARS,
+    REFERENCE_FBER,
     REFERENCE_FD_LOG_SD,
     REFERENCE_TR_S,
     REFERENCE_VOLUMES,
     SiteFigures,
 )
 
-__all__ = ["DX_COHEN_D", "DX_EDGE_FRACTION", "DX_Z_PER_D", "MOTION_GAIN"]
+__all__ = [
+    "DX_COHEN_D", "DX_EDGE_FRACTION", "DX_EXPRESSION", "DX_Z_PER_D", "GLOBAL_SIGNAL_LOG_SD",
+    "GLOBAL_SIGNAL_SHARE", "MOTION_GAIN", "NOISE_TO_SIGNAL", "SIGNAL_SCALE",
+]
 
 # Signal-model constants (Fisher-z units unless stated).
-DX_Z_PER_D = 0.25  # latent z shift per unit of Cohen's d (calibrated, see the docstring)
-DX_EDGE_FRACTION = 0.07
-DX_COHEN_D = (0.2, 0.4)
+DX_Z_PER_D = 0.3  # latent z shift per unit of Cohen's d (calibrated, see the docstring)
+DX_EDGE_FRACTION = 0.05
+DX_COHEN_D = (0.1, 0.5)
+DX_EXPRESSION = (0.0, 2.0)  # range of an ASD subject's expression of the pattern (mean 1)
 MOTION_GAIN = 0.5  # z per mm of mean FD, at zero distance
+NOISE_TO_SIGNAL = 1.5  # ROI noise variance / network signal variance, reference site
+GLOBAL_SIGNAL_SHARE = 0.3  # global signal variance / network signal variance, reference
+GLOBAL_SIGNAL_LOG_SD = 0.8  # between-site spread of the global signal share (log scale)
+SIGNAL_SCALE = 8.0  # arbitrary units of the written series (correlations ignore it)
 _BOLD_TAU_S = 4.0  # AR(1) time constant of band-pass filtered BOLD
 _MIN_EIGENVALUE = 1e-4
 
@@ -96,8 +135,7 @@ class _Template:
     distance: np.ndarray
     system_index: np.ndarray
     gs_loading: np.ndarray
-    noise_var: np.ndarray
-    amplitude: np.ndarray
+    noise_shape: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -106,9 +144,8 @@ class _Scanner:
 
     gamma: np.ndarray
     delta: np.ndarray
-    noise_scale: np.ndarray
+    noise_var: np.ndarray
     gs_var: float
-    amplitude: float
     n_volumes: int
     tr_s: float
     fd_median: tuple[float, float]  # control, ASD
@@ -161,10 +198,9 @@ def _build_template(seed: int) -> _Template:
     subcortical = system_index == systems.index("subcortical")
     gs_loading = np.where(subcortical, 0.6, 1.0) + rng.normal(0.0, 0.1, N_ROIS)
     ventral = xyz[:, 2] < -15.0  # susceptibility artefacts lower temporal SNR there
-    noise_var = np.minimum(0.15 + 40.0 / HO_N_VOXELS + 0.3 * ventral, 10.0)
-    amplitude = np.exp(rng.normal(math.log(8.0), 0.3, N_ROIS))
-    return _Template(z0, dx_shift, motion, distance, system_index, gs_loading, noise_var,
-                     amplitude)
+    noise_shape = np.minimum(0.15 + 40.0 / HO_N_VOXELS + 0.3 * ventral, 10.0)
+    noise_shape = noise_shape / np.median(noise_shape)
+    return _Template(z0, dx_shift, motion, distance, system_index, gs_loading, noise_shape)
 
 
 def _site_seed(site_id: str) -> int:
@@ -182,10 +218,14 @@ def _build_scanner(template: _Template, figures: SiteFigures, seed: int,
     gamma = a * (g0 + g_near * near + g_far * far + _symmetric_noise(rng, N_ROIS, 0.03))
     h0, h_near = rng.normal(0.0, (0.15, 0.15))
     delta = np.exp(a * (h0 + h_near * near + _symmetric_noise(rng, N_ROIS, 0.10)))
-    t_site = rng.normal(0.0, 0.35)
-    noise_scale = np.exp(a * (t_site + rng.normal(0.0, 0.25, N_ROIS)))
-    gs_var = 0.25 * math.exp(a * rng.normal(0.0, 0.5))
-    amplitude = math.exp(a * rng.normal(0.0, 0.4))
+    # Temporal noise: image SNR (FBER) and excess volume-to-volume change (DVARS) of the
+    # real site, plus what those two medians do not capture, per site and per ROI.
+    quality = math.log(REFERENCE_FBER / figures.fber) + 2.0 * math.log(
+        figures.dvars / REFERENCE_DVARS)
+    t_site = quality + rng.normal(0.0, 0.3)
+    noise_var = NOISE_TO_SIGNAL * template.noise_shape * np.exp(
+        a * (t_site + rng.normal(0.0, 0.25, N_ROIS)))
+    gs_var = GLOBAL_SIGNAL_SHARE * math.exp(a * rng.normal(0.0, GLOBAL_SIGNAL_LOG_SD))
 
     def mix(reference: float, real: float) -> float:
         return math.exp((1 - b) * math.log(reference) + b * math.log(real))
@@ -193,9 +233,8 @@ def _build_scanner(template: _Template, figures: SiteFigures, seed: int,
     return _Scanner(
         gamma=gamma,
         delta=delta,
-        noise_scale=noise_scale,
+        noise_var=noise_var,
         gs_var=gs_var,
-        amplitude=amplitude,
         n_volumes=round((1 - b) * REFERENCE_VOLUMES + b * figures.n_volumes),
         tr_s=(1 - b) * REFERENCE_TR_S + b * figures.tr_s,
         fd_median=(mix(REFERENCE_FD_CONTROL, figures.fd_median_control),
@@ -238,11 +277,12 @@ def _subject_series(
     individual = (blocks[template.system_index][:, template.system_index]
                   + _symmetric_noise(rng, N_ROIS, 0.05))
     fd_reference = math.sqrt(REFERENCE_FD_ASD * REFERENCE_FD_CONTROL)
+    expression = rng.uniform(*DX_EXPRESSION) if asd else 0.0
     z = (
         template.z0
         + scanner.gamma
         + scanner.delta * individual
-        + (template.dx_shift if asd else 0.0)
+        + expression * template.dx_shift
         + MOTION_GAIN * (mean_fd - fd_reference) * template.motion
     )
     np.fill_diagonal(z, 0.0)
@@ -250,7 +290,5 @@ def _subject_series(
     phi = math.exp(-scanner.tr_s / _BOLD_TAU_S)
     signal = _ar1(rng, n_volumes, N_ROIS, phi) @ chol.T
     global_signal = _ar1(rng, n_volumes, 1, phi) * template.gs_loading
-    noise = _ar1(rng, n_volumes, N_ROIS, phi) * np.sqrt(template.noise_var * scanner.noise_scale)
-    series = signal + math.sqrt(scanner.gs_var) * global_signal + noise
-    offset = rng.normal(0.0, 0.5, N_ROIS)
-    return (series + offset) * template.amplitude * scanner.amplitude
+    noise = _ar1(rng, n_volumes, N_ROIS, phi) * np.sqrt(scanner.noise_var)
+    return SIGNAL_SCALE * (signal + math.sqrt(scanner.gs_var) * global_signal + noise)

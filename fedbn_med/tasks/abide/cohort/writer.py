@@ -32,6 +32,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.paths import resolve_data_dir
+from fedbn_med.tasks.abide.settings import COHORT_VERSION
 from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS, ZERO_ROI_INDEX
 from fedbn_med.tasks.abide.cohort.figures import DEFAULT_SITE_IDS, SITE_FIGURES
 from fedbn_med.tasks.abide.cohort.phenotypes import _site_rows
@@ -42,6 +43,7 @@ from fedbn_med.tasks.abide.cohort.signal import (
     _subject_series,
 )
 from fedbn_med.tasks.abide.data.layout import (
+    COHORT_MANIFEST_FILENAME,
     DATASET_DIRNAME,
     NO_FILENAME,
     PHENOTYPIC_FILENAME,
@@ -58,8 +60,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-COHORT_VERSION = "1"
-MANIFEST_FILENAME = "fedbn_med_cohort.json"
+MANIFEST_FILENAME = COHORT_MANIFEST_FILENAME
 _PIPELINE, _STRATEGY, _DERIVATIVE = "cpac", "filt_noglobal", "rois_ho"
 MAX_SUBJECTS_SCALE = 5.0
 
@@ -143,7 +144,7 @@ def cohort_key(
     ids = _validate_parameters(sites, seed, site_effect, n_subjects_scale)
     digest = hashlib.sha256(json.dumps(_parameters(ids, seed, site_effect, n_subjects_scale),
                                        sort_keys=True).encode()).hexdigest()[:8]
-    return f"seed{seed}-effect{site_effect:g}-scale{n_subjects_scale:g}-{digest}"
+    return f"v{COHORT_VERSION}-seed{seed}-effect{site_effect:g}-scale{n_subjects_scale:g}-{digest}"
 
 
 def generate_cohort(

@@ -1,8 +1,8 @@
 """The on-disk feature cache: one ``.npz`` per site, keyed by everything it came from.
 
-The key hashes the feature version, the loader's options, and the size and modification
-time of the phenotypic table and of every selected ROI file, so a changed input is never
-served from a stale cache. Writes go through a temporary file and a rename.
+The key hashes the feature version, the loader's options, the built-in cohort's version
+(for a generated cohort), and the size and modification time of the phenotypic table and
+of every selected ROI file, so a changed input is never served from a stale cache. Writes go through a temporary file and a rename.
 """
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ import numpy as np
 import pandas as pd
 
 from fedbn_med.tasks.abide.data.features import SiteFeatures
-from fedbn_med.tasks.abide.data.layout import _phenotypic_path
+from fedbn_med.tasks.abide.data.layout import (
+    COHORT_MANIFEST_FILENAME,
+    DATASET_DIRNAME,
+    _phenotypic_path,
+)
 
 __all__ = ["FEATURES_VERSION"]
 
@@ -33,9 +37,19 @@ def _stat(path: Path) -> list[object]:
     return [str(path), info.st_size, info.st_mtime_ns]
 
 
+def cohort_version(root: Path) -> str | None:
+    """Return the version of the built-in cohort in ``root`` (None for other data)."""
+    manifest = root / DATASET_DIRNAME / COHORT_MANIFEST_FILENAME
+    try:
+        return str(json.loads(manifest.read_text(encoding="utf-8"))["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _cache_key(root: Path, selected: pd.DataFrame, options: Mapping[str, object]) -> str:
     payload = {
         "version": FEATURES_VERSION,
+        "cohort": cohort_version(root),
         "options": dict(options),
         "phenotypic": _stat(_phenotypic_path(root)),
         "files": [_stat(Path(p)) for p in selected["path"]],

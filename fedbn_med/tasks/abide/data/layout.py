@@ -22,6 +22,7 @@ import pandas as pd
 from fedbn_med.paths import resolve_data_dir
 
 __all__ = [
+    "COHORT_MANIFEST_FILENAME",
     "DATASET_DIRNAME",
     "FEDBN_INSTITUTIONS",
     "MISSING_VALUE",
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 DATASET_DIRNAME = "ABIDE_pcp"
+#: The manifest a generated built-in cohort keeps in ``ABIDE_pcp/`` (its parameters).
+COHORT_MANIFEST_FILENAME = "fedbn_med_cohort.json"
 PHENOTYPIC_FILENAME = "Phenotypic_V1_0b_preprocessed1.csv"
 NO_FILENAME = "no_filename"
 MISSING_VALUE = -9999

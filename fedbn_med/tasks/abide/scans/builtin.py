@@ -45,7 +45,7 @@ __all__ = ["BUILTIN_SCAN_FIGURES", "ensure_scan_site", "generate_scan_site"]
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_VERSION = "2"  # 2: drawn on the stand-in atlas built from the HO centroids
+BUILTIN_VERSION = "3"  # 2: drawn on the stand-in atlas; 3: cohort signal version 2
 _MANIFEST = "fedbn_med_bids.json"
 _SPACE = "MNI152NLin2009cAsym"
 

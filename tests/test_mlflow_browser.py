@@ -1,0 +1,217 @@
+"""What the CLI logs, browsed in MLflow's own web UI with a real Chromium (Playwright).
+
+Each test runs ``pipelines/abide_fedbn.py`` into a fresh sqlite store, serves that store
+with ``mlflow server`` on 127.0.0.1 and clicks through the UI as a user would. Chromium
+comes from the system (Debian: ``apt-get install chromium``); Playwright's own browser
+download is not used. Without either the tests skip and say what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedbn_med.cli import build_parser
+from fedbn_med.federation.launcher import free_port
+
+pytestmark = pytest.mark.integration
+
+PIPELINE = Path(__file__).resolve().parent.parent / "pipelines" / "abide_fedbn.py"
+EXPERIMENT = "abide-fedbn"
+SITES = ("NYU", "UM", "USM", "UCLA")
+ROUNDS = 2
+# The UI renders client-side; on a busy 2-core machine a page can take a while.
+UI_WAIT_MS = 30_000
+INSTALL_HINT = ("install both with `pip install -e .[test]` (Playwright) and "
+                "`apt-get install -y chromium` (the browser; `playwright install` is not needed)")
+
+
+def _find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason=f"Playwright is not installed; {INSTALL_HINT}")
+    executable = _find_chromium()
+    if executable is None:
+        pytest.skip(f"no chromium on PATH; {INSTALL_HINT}")
+    driver = sync_api.sync_playwright().start()
+    try:
+        try:
+            # As root (CI) Chromium refuses to start with its sandbox on.
+            launched = driver.chromium.launch(
+                executable_path=executable, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        except sync_api.Error as exc:
+            pytest.skip(f"chromium at {executable} did not start under Playwright: {exc}")
+        try:
+            yield launched
+        finally:
+            launched.close()
+    finally:
+        driver.stop()
+
+
+@pytest.fixture()
+def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    tab = context.new_page()
+    tab.set_default_timeout(UI_WAIT_MS)
+    try:
+        yield tab
+    finally:
+        # Kept next to the store, so a failure can be looked at afterwards.
+        try:
+            tab.screenshot(path=str(tmp_path / "last-page.png"))
+        finally:
+            context.close()
+
+
+def _cli_has(option: str) -> bool:
+    return option in build_parser().format_help()
+
+
+def _log_run(store: Path, data_dir: Path, workdir: Path, *options: str) -> None:
+    """Run the real CLI (in-process engine, two rounds) into the sqlite ``store``."""
+    env = {**os.environ, "FEDBN_MED_DATA": str(workdir / "data"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(PIPELINE), "--engine", "inprocess", "--rounds", str(ROUNDS),
+           "--tracking-uri", f"sqlite:///{store}", "--data-dir", str(data_dir),
+           "--workdir", str(workdir / "work"), "--quiet", *options]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"
+
+
+@contextmanager
+def _mlflow_ui(store: Path, artifacts: Path) -> Iterator[str]:
+    """Serve ``store`` with ``mlflow server`` on a free local port; stop it on exit."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{store}",
+         "--default-artifact-root", str(artifacts)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"mlflow server on port {port} did not come up") from None
+                time.sleep(0.3)
+        yield base
+    finally:
+        # The server forks workers; its own session holds them all.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _open_runs_table(page: Any, base: str) -> None:
+    """Go from the experiment list to the experiment's runs table, as a user would."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{base}/#/experiments")
+    # MLflow 3 opens in its GenAI layout; training runs live under "Model training".
+    page.get_by_text("Model training", exact=True).click()
+    page.get_by_role("link", name=EXPERIMENT, exact=True).click()
+    expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible()
+
+
+def _run_row(page: Any, run_name: str) -> Any:
+    """Return the one runs-table row whose run-name link reads ``run_name``."""
+    from playwright.sync_api import expect
+
+    row = page.get_by_role("row").filter(
+        has=page.get_by_role("link", name=run_name, exact=True))
+    expect(row).to_have_count(1)
+    return row
+
+
+def _table_row(page: Any, header: str) -> list[str]:
+    """Return the cells beside row header ``header`` in the compare view's tables."""
+    from playwright.sync_api import expect
+
+    row = page.get_by_role("row").filter(
+        has=page.get_by_role("rowheader", name=header, exact=True))
+    expect(row).to_be_visible()
+    return [text.strip() for text in row.get_by_role("cell").all_inner_texts()]
+
+
+def test_parent_site_runs_and_round_chart_are_browsable(page, small_cohort, tmp_path):
+    from playwright.sync_api import expect
+
+    store = tmp_path / "mlflow.db"
+    _log_run(store, small_cohort, tmp_path)
+    with _mlflow_ui(store, tmp_path / "artifacts") as base:
+        _open_runs_table(page, base)
+        parent = _run_row(page, "fedbn")
+        site_links = page.get_by_role("link", name=re.compile(r"^site-"))
+        expect(site_links).to_have_count(0)  # folded under their parent until expanded
+        parent.get_by_role("button").first.click()  # the row's expand toggle
+        expect(site_links).to_have_count(len(SITES))
+        for site in SITES:
+            expect(page.get_by_role("link", name=f"site-{site}", exact=True)).to_be_visible()
+
+        page.get_by_role("link", name="site-NYU", exact=True).click()
+        expect(page.get_by_role("heading", name="site-NYU", exact=True)).to_be_visible()
+        expect(page.get_by_role("link", name="fedbn", exact=True)).to_be_visible()  # parent run
+        page.get_by_role("tab", name="Model metrics").click()
+        card = page.get_by_test_id("experiment-view-compare-runs-card").filter(
+            has=page.get_by_role("heading", name="test_accuracy", exact=True))
+        expect(card).to_have_count(1)
+        expect(card.locator("svg.main-svg").first).to_be_visible()
+        expect(card.get_by_text("Step", exact=True)).to_be_visible()  # x axis: the round
+        expect(card.get_by_text("site-NYU (test_accuracy)")).to_be_visible()
+        expect(card.locator(".scatterlayer .point")).to_have_count(ROUNDS)  # one per round
+
+
+def test_compare_view_shows_strategies_side_by_side(page, small_cohort, tmp_path):
+    from playwright.sync_api import expect
+
+    store = tmp_path / "mlflow.db"
+    options = ["--compare", "fedavg,fedbn", "--folds", "1"]
+    if _cli_has("--seeds"):
+        options += ["--seeds", "1"]
+    _log_run(store, small_cohort, tmp_path, *options)
+    with _mlflow_ui(store, tmp_path / "artifacts") as base:
+        _open_runs_table(page, base)
+        for name in ("fedavg", "fedbn"):
+            _run_row(page, name).get_by_role(
+                "checkbox", name=re.compile("row selection")).check()
+        page.get_by_role("button", name="Compare", exact=True).click()
+        expect(page.get_by_role("heading", name=re.compile(r"Comparing 2 Runs"))).to_be_visible()
+
+        names = _table_row(page, "Run Name:")
+        assert sorted(names) == ["fedavg", "fedbn"]
+        # The same columns, in the same order, hold each run's strategy parameter.
+        assert _table_row(page, "strategy") == names
+        assert _table_row(page, "rounds") == [str(ROUNDS)] * 2
+
+        page.get_by_role("switch", name="Parameters - Show diff only").click()
+        expect(page.get_by_role("rowheader", name="rounds", exact=True)).to_have_count(0)
+        assert _table_row(page, "strategy") == names
