@@ -52,10 +52,11 @@ LABELS = {"singleset": "SingleSet", "fedavg": "FedAvg", "fedprox": "FedProx",
 
 @dataclass(frozen=True)
 class Budget:
-    """Size of one benchmark mode: communication rounds and number of folds (runs)."""
+    """Size of one benchmark mode: communication rounds, folds and seeds per fold."""
 
     rounds: int
     folds: int
+    seeds: int = 1
 
 
 def float_list(text: str) -> tuple[float, ...]:
@@ -92,6 +93,9 @@ def make_parser(name: str, description: str, *, full: Budget, quick: Budget
     parser.add_argument("--folds", type=positive_int, default=None,
                         help=f"runs = test folds 0..N-1 of {N_FOLDS} (default {full.folds}; "
                              f"{quick.folds} with --quick)")
+    parser.add_argument("--seeds", type=positive_int, default=None,
+                        help=f"seeds per fold, from --seed on (default {full.seeds}; "
+                             f"{quick.seeds} with --quick)")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
     parser.set_defaults(benchmark=name, budget_full=full, budget_quick=quick)
     return parser
@@ -114,6 +118,7 @@ class Benchmark:
         budget: Budget = args.budget_quick if args.quick else args.budget_full
         args.rounds = args.rounds or budget.rounds
         args.folds = args.folds or budget.folds
+        args.seeds = args.seeds or budget.seeds
         if args.folds > N_FOLDS:
             parser.error(f"--folds must be at most {N_FOLDS} (the folds of the split), "
                          f"got {args.folds}")
@@ -132,6 +137,16 @@ class Benchmark:
     def folds(self) -> range:
         """Return the test folds this invocation runs (one run each)."""
         return range(self.args.folds)
+
+    @property
+    def seeds(self) -> range:
+        """Return the seeds each fold runs with (``--seed`` and the next ones)."""
+        return range(self.args.seed, self.args.seed + self.args.seeds)
+
+    @property
+    def cells(self) -> list[tuple[int, int]]:
+        """Return every (fold, seed) this invocation runs."""
+        return [(fold, seed) for fold in self.folds for seed in self.seeds]
 
     def config(self, **changes: Any) -> RunSpec:
         """Return the run spec from the options, with ``changes`` applied."""
@@ -158,7 +173,8 @@ class Benchmark:
                 for k, v in vars(self.args).items() if k not in skip}
 
     def publish(self, table: str, rows: Sequence[Mapping[str, object]],
-                plot: Callable[[Path], Path], notes: str = "") -> Path:
+                plot: Callable[[Path], Path], notes: str = "",
+                metrics: Mapping[str, float] | None = None) -> Path:
         """Write, log and print the results; return the output folder.
 
         Parameters
@@ -171,13 +187,16 @@ class Benchmark:
             Draws the figure into the path it is given (``plot.png``).
         notes : str
             Text appended under the table in ``table.md`` (the settings that matter).
+        metrics : mapping of str to float, optional
+            Summary figures for the benchmark's MLflow run.
         """
         self.out.mkdir(parents=True, exist_ok=True)
         wall = self.wall_time
         mode = "quick" if self.args.quick else "full"
         footer = (f"\n\n{notes}\n" if notes else "\n") + (
             f"\n_{self.name} ({mode}): {self.runs} runs, --rounds {self.args.rounds}, "
-            f"{self.args.folds} fold(s), seed {self.args.seed}, wall time {wall:.1f} s._\n")
+            f"{self.args.folds} fold(s) x {self.args.seeds} seed(s) from seed "
+            f"{self.args.seed}, wall time {wall:.1f} s._\n")
         (self.out / "table.md").write_text(table + footer, encoding="utf-8")
         (self.out / "table.csv").write_text(_csv_text(rows), encoding="utf-8")
         png = plot(self.out / "plot.png")
@@ -185,7 +204,7 @@ class Benchmark:
                    "wall_time_s": round(wall, 2), "params": self.params()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str),
                                                encoding="utf-8")
-        self._log(table + footer, png, summary)
+        self._log(table + footer, png, summary, metrics or {})
         print(table)
         if notes:
             print(f"\n{notes}")
@@ -193,7 +212,8 @@ class Benchmark:
               f"results in {self.out}")
         return self.out
 
-    def _log(self, table: str, png: Path, summary: Mapping[str, object]) -> None:
+    def _log(self, table: str, png: Path, summary: Mapping[str, object],
+             metrics: Mapping[str, float]) -> None:
         # Imported here so that --help and argument errors do not pay for MLflow.
         from fedbn_med.tracking import FederationTracker
 
@@ -208,6 +228,7 @@ class Benchmark:
             tracker.log_file(self.out / "table.csv")
             tracker.log_file(png)
             tracker.log_text(json.dumps(summary, indent=2, default=str), "summary.json")
+            tracker.log_metrics(metrics)
         except Exception:
             tracker.finish("FAILED")
             raise

@@ -1,10 +1,14 @@
-"""Reproduce the FedBN paper's ABIDE table: accuracy per site, mean (std) over 5 runs.
+"""Reproduce the FedBN paper's ABIDE table under the comparison protocol.
 
-Each run is one test fold (0..4) of every site's 5-fold split; SingleSet, FedAvg, FedProx
-(mu = 0.01), FedBN and Centralized train for the same rounds with the paper's settings
-(SGD lr 0.01, batch 32, one local epoch per round) and are scored at the last round.
+Every strategy trains on every (fold, seed) cell: the 5 test folds of every site's split
+times 3 seeds by default. SingleSet, FedAvg, FedProx (mu = 0.01), FedBN and Centralized
+use the paper's settings (SGD lr 0.01, batch 32, one local epoch per round). Each run is
+scored at the round with the best mean validation accuracy and at its last round
+(:mod:`fedbn_med.protocol`); the tables give mean [95 % CI] over the cells, and the
+paired FedBN - FedAvg and FedBN - SingleSet differences.
 
     python benchmarks/paper_table.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
+                                     [--seeds S] [--weighting samples|equal]
 """
 
 from __future__ import annotations
@@ -12,24 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import (
-    LABELS,
-    Benchmark,
-    Budget,
-    bar_plot,
-    make_parser,
-    mean_std,
-    run,
-    site_mean,
-    strategy_config,
-)
+from _common import LABELS, Benchmark, Budget, bar_plot, make_parser, run, strategy_config
 
-from fedbn_med.report import paper_table
+from fedbn_med.protocol import Cell, Comparison, interval
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
 SITES = ("NYU", "USM", "UM", "UCLA")  # the paper's column order
-METRICS = ("accuracy", "auc", "balanced_accuracy")
+ROUNDS = 100
 PAPER = """Paper (FedBN, ICLR 2021), accuracy (%) mean (std) over 5 runs:
 
 | method | NYU | USM | UM | UCLA | mean |
@@ -41,45 +35,36 @@ PAPER = """Paper (FedBN, ICLR 2021), accuracy (%) mean (std) over 5 runs:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run every strategy on every fold and publish the paper-style table."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=100, folds=5),
-                         quick=Budget(rounds=3, folds=1))
+    """Run every strategy on every (fold, seed) and publish the protocol's tables."""
+    parser = make_parser(NAME, __doc__.splitlines()[0],
+                         full=Budget(rounds=ROUNDS, folds=5, seeds=3),
+                         quick=Budget(rounds=3, folds=1, seeds=1))
+    parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
+                        help="how shared weights are averaged (default samples)")
     bench = Benchmark(parser, argv)
-    # results[metric][method][site] = one value per run (fold)
-    results: dict[str, dict[str, dict[str, list[float]]]] = {
-        m: {LABELS[s]: {site: [] for site in (*SITES, "mean")} for s in STRATEGIES}
-        for m in METRICS}
-    grid = [(s, fold) for s in STRATEGIES for fold in bench.folds]
-    for strategy, fold in bench.progress(grid):
-        history = run(strategy_config(bench, strategy, fold=fold))
-        final = history.final()
-        for metric in METRICS:
-            per_site = results[metric][LABELS[strategy]]
-            for site in SITES:
-                per_site[site].append(float(final[site][f"test_{metric}"]))
-            per_site["mean"].append(site_mean(history, f"test_{metric}"))
-
-    def per_site(metric: str) -> dict[str, dict[str, list[float]]]:
-        return {m: {s: v for s, v in per.items() if s != "mean"}
-                for m, per in results[metric].items()}
-
-    table = paper_table(per_site("accuracy"), SITES)
-    if "auc" in results:
-        table += "\n\n" + paper_table(per_site("auc"), SITES, metric="auc")
-    rows = [{"method": method, "site": site, "runs": len(results["accuracy"][method][site]),
-             **{f"{metric}_{stat}": round(value, 6) for metric in METRICS
-                for stat, value in zip(("mean", "std"),
-                                       mean_std(results[metric][method][site]))}}
-            for method in results["accuracy"] for site in (*SITES, "mean")]
+    comparison = Comparison(sites=SITES)
+    grid = [(s, fold, seed) for s in STRATEGIES for fold, seed in bench.cells]
+    for strategy, fold, seed in bench.progress(grid):
+        history = run(strategy_config(bench, strategy, fold=fold, seed=seed,
+                                      weighting=bench.args.weighting))
+        comparison.add(Cell.from_rows(LABELS[strategy], fold, seed, history.rows))
+    table = comparison.report()
 
     def plot(path: Path) -> Path:
-        series = {m: ([100 * mean_std(v[s])[0] for s in (*SITES, "mean")],
-                      [100 * mean_std(v[s])[1] for s in (*SITES, "mean")])
-                  for m, v in results["accuracy"].items()}
-        return bar_plot(path, [*SITES, "mean"], series, ylabel="test accuracy (%)",
-                        title=f"ABIDE, {bench.args.rounds} rounds, {bench.args.folds} run(s)")
+        series = {}
+        for method in comparison.strategies:
+            means, errs = [], []
+            for site in (*SITES, "mean"):
+                mean, low, high = interval(list(comparison.values(method, "best", "accuracy",
+                                                                  site).values()))
+                means.append(100 * mean)
+                errs.append(100 * (high - mean) if high == high else 0.0)
+            series[method] = (means, errs)
+        return bar_plot(path, [*SITES, "mean"], series,
+                        ylabel="test accuracy (%), best-validation round, 95 % CI",
+                        title=f"ABIDE, {bench.args.rounds} rounds, {len(bench.cells)} cells")
 
-    bench.publish(table, rows, plot, notes=PAPER)
+    bench.publish(table, comparison.rows(), plot, notes=PAPER, metrics=comparison.metrics())
     return 0
 
 

@@ -20,7 +20,7 @@ NUM_FEATURES = 111 * 110 // 2
 #: The paper's ABIDE set-up: four sites, SGD at 1e-2, batches of 32.
 DEFAULTS: dict[str, Any] = {
     "sites": ("NYU", "UM", "USM", "UCLA"),
-    "rounds": 30,
+    "rounds": 100,
     "batch_size": 32,
     "lr": 1e-2,
 }
