@@ -2,8 +2,9 @@
 
 The built-in cohort is generated at each ``site_effect`` (0: the sites differ only in
 who they recruit, no scanner effect; 1: realistic ABIDE-like scanner effects; 2: twice
-as strong). FedBN's advantage comes from site-specific feature shift, so the gap
-should vanish at 0 and grow with the effect. Real ABIDE has one, fixed site effect, so
+as strong). FedBN's advantage comes from site-specific feature shift, so at 0 the gap's
+interval should include 0. Each strength runs every (fold, seed) cell; the gap is the
+paired FedBN - FedAvg difference at the best-validation round, with its 95 % interval. Real ABIDE has one, fixed site effect, so
 this benchmark runs on the built-in cohort only.
 
     python benchmarks/heterogeneity.py [--quick] [--site-effects 0,0.5,1,2]
@@ -16,20 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from _common import (
-    LABELS,
     Benchmark,
     Budget,
     Panel,
     float_list,
-    format_mean_std,
     line_panels,
     make_parser,
     markdown_table,
-    mean_std,
     run,
-    site_mean,
     strategy_config,
 )
+
+from fedbn_med.protocol import Cell, Comparison, interval
 
 NAME = "heterogeneity"
 STRATEGIES = ("fedbn", "fedavg")
@@ -46,9 +45,10 @@ def _effects(text: str) -> tuple[float, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run FedBN and FedAvg on cohorts of growing site effect and publish the gap."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=50, folds=5),
-                         quick=Budget(rounds=3, folds=1))
+    """Run FedBN and FedAvg on cohorts of growing site effect and publish the paired gap."""
+    parser = make_parser(NAME, __doc__.splitlines()[0],
+                         full=Budget(rounds=100, folds=5, seeds=3),
+                         quick=Budget(rounds=3, folds=1, seeds=1))
     parser.add_argument("--site-effects", type=_effects, default=None,
                         help="strengths of the cohort's site effects (default "
                              f"{','.join(map(str, SITE_EFFECTS))}; "
@@ -60,40 +60,53 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "other benchmarks on real data, or omit --data-dir")
     effects = bench.args.site_effects or (
         QUICK_SITE_EFFECTS if bench.args.quick else SITE_EFFECTS)
-    acc: dict[str, dict[float, list[float]]] = {LABELS[s]: {e: [] for e in effects}
-                                                for s in STRATEGIES}
-    grid = [(e, s, fold) for e in effects for s in STRATEGIES for fold in bench.folds]
-    for effect, strategy, fold in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold, site_effect=effect)
-        acc[LABELS[strategy]][effect].append(site_mean(run(config)))
+    comparisons = {e: Comparison(sites=tuple(bench.config().sites)) for e in effects}
+    grid = [(e, s, fold, seed) for e in effects for s in STRATEGIES
+            for fold, seed in bench.cells]
+    for effect, strategy, fold, seed in bench.progress(grid):
+        config = strategy_config(bench, strategy, fold=fold, seed=seed, site_effect=effect)
+        comparisons[effect].add(Cell.from_rows(strategy, fold, seed, run(config).rows))
 
-    gap = {e: [a - b for a, b in zip(acc["FedBN"][e], acc["FedAvg"][e])] for e in effects}
-    header = ["site effect", *[f"{label} (%)" for label in acc], "FedBN - FedAvg (pp)"]
-    body = [[f"{e:g}", *[format_mean_std(acc[label][e]) for label in acc],
-             format_mean_std(gap[e], signed=True)] for e in effects]
-    table = ("Test accuracy, mean over sites, mean (std) over runs; the gap is paired by "
-             "run\n\n" + markdown_table(header, body))
-    rows = [{"site_effect": e, "fold": fold,
-             **{label: round(acc[label][e][i], 6) for label in acc},
-             "gap": round(gap[e][i], 6)}
-            for e in effects for i, fold in enumerate(bench.folds)]
+    header = ["site effect", "FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]",
+              "at last round (pp) [95 % CI]"]
+    body, rows, gaps = [], [], {}
+    for e, comparison in comparisons.items():
+        cells = []
+        for strategy in STRATEGIES:
+            mean, low, high = interval(list(comparison.values(strategy, "best", "accuracy")
+                                            .values()))
+            cells.append(f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+                         if high == high else f"{100 * mean:.1f}")
+        gaps[e] = comparison.difference("fedbn", "fedavg", "best")
+        last = comparison.difference("fedbn", "fedavg", "last")
+        body.append([f"{e:g}", *cells, _gap(gaps[e]), _gap(last)])
+        rows += [{"site_effect": e, **row} for row in comparison.rows()]
+    table = ("Test accuracy, mean over sites, at the round with the best mean validation "
+             f"accuracy; mean [95 % CI] over {len(bench.cells)} (fold, seed) cells; the gap "
+             "is paired by cell\n\n" + markdown_table(header, body))
 
     def plot(path: Path) -> Path:
-        def points(values: dict[float, list[float]]) -> tuple[list[float], list[float],
-                                                              list[float]]:
-            stats = [mean_std(values[e]) for e in effects]
-            return list(effects), [100 * m for m, _ in stats], [100 * s for _, s in stats]
-
+        xs = list(effects)
+        ys = [100 * gaps[e][0] for e in effects]
+        errs = [100 * (gaps[e][2] - gaps[e][0]) if gaps[e][2] == gaps[e][2] else 0.0
+                for e in effects]
         return line_panels(path, [
-            Panel({label: points(acc[label]) for label in acc}, "site effect strength",
-                  "test accuracy (%)"),
-            Panel({"FedBN - FedAvg": points(gap)}, "site effect strength",
-                  "accuracy gap (pp)", hline=0.0),
+            Panel({"FedBN - FedAvg": (xs, ys, errs)}, "site effect strength",
+                  "accuracy gap (pp), 95 % CI", hline=0.0),
         ], title=f"ABIDE-format cohort, {bench.args.rounds} rounds, "
-                 f"{bench.args.folds} run(s)")
+                 f"{len(bench.cells)} cells")
 
-    bench.publish(table, rows, plot)
+    metrics = {f"gap.effect_{e:g}.{k}": v for e, (m, lo, hi, _) in gaps.items()
+               for k, v in (("mean", m), ("ci_low", lo), ("ci_high", hi)) if v == v}
+    bench.publish(table, rows, plot, metrics=metrics)
     return 0
+
+
+def _gap(stats: tuple[float, float, float, int]) -> str:
+    mean, low, high, _ = stats
+    if high != high:
+        return f"{100 * mean:+.1f}"
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 if __name__ == "__main__":
