@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
-    "Panel", "bar_plot", "curve", "float_list", "format_mean_std", "line_panels", "line_plot",
+    "Panel", "bar_plot", "curve", "float_list", "format_interval", "format_mean_std",
+    "line_panels", "line_plot",
     "make_parser",
     "markdown_table", "mean_std", "prepare_all", "run", "site_mean", "strategy_config",
 ]
@@ -311,6 +312,19 @@ def format_mean_std(values: Iterable[float], *, pct: bool = True, signed: bool =
     if pct:
         return f"{100 * mean:{sign}.1f} ({100 * std:.1f})"
     return f"{mean:{sign}.3f} ({std:.3f})"
+
+
+def format_interval(values: Iterable[float], *, signed: bool = False) -> str:
+    """Format fractions as ``mean [low, high]`` in %, the 95 % Student-t interval."""
+    from fedbn_med.protocol import interval
+
+    mean, low, high = interval(list(values))
+    if math.isnan(mean):
+        return "n/a"
+    sign = "+" if signed else ""
+    if math.isnan(low):
+        return f"{100 * mean:{sign}.1f}"
+    return f"{100 * mean:{sign}.1f} [{100 * low:{sign}.1f}, {100 * high:{sign}.1f}]"
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

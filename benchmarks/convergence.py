@@ -1,13 +1,18 @@
 """Convergence of FedBN, FedAvg and FedProx: training loss and test accuracy per round.
 
 The paper's convergence analysis: each strategy trains for the same rounds (one local
-epoch each); the curves are the mean over the sites and over the runs (test folds).
+epoch each) on every (fold, seed) cell; the curves are the mean over the sites, and the
+table gives mean [95 % CI] over the cells. ``--bn-init data,default`` also runs each
+strategy with BN running statistics starting at PyTorch's 0 and 1 (labelled "BN 0/1"),
+the before/after of where they start.
 
     python benchmarks/convergence.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
+                                     [--seeds S] [--bn-init data,default]
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,13 +21,13 @@ from _common import (
     Benchmark,
     Budget,
     curve,
-    format_mean_std,
     make_parser,
     markdown_table,
     run,
     strategy_config,
 )
 
+from fedbn_med.protocol import interval
 from fedbn_med.report import convergence_plot
 
 NAME = "convergence"
@@ -31,42 +36,69 @@ METRICS = ("train_loss", "test_accuracy")
 CHECKPOINTS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200)
 
 
+def _inits(text: str) -> tuple[str, ...]:
+    values = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not values or not set(values) <= {"data", "default"}:
+        raise argparse.ArgumentTypeError(f"expected data, default or both, got {text!r}")
+    return values
+
+
+def _label(strategy: str, init: str) -> str:
+    return LABELS[strategy] + (" BN 0/1" if init == "default" else "")
+
+
+def _cell(values: list[float], pct: bool) -> str:
+    mean, low, high = interval(values)
+    scale, fmt = (100.0, ".1f") if pct else (1.0, ".3f")
+    if high != high:
+        return f"{scale * mean:{fmt}}"
+    return f"{scale * mean:{fmt}} [{scale * low:{fmt}}, {scale * high:{fmt}}]"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train each strategy on every fold and publish its per-round curves."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=100, folds=5),
-                         quick=Budget(rounds=4, folds=1))
+    """Train each strategy on every cell and publish its per-round curves."""
+    parser = make_parser(NAME, __doc__.splitlines()[0],
+                         full=Budget(rounds=150, folds=5, seeds=3),
+                         quick=Budget(rounds=4, folds=1, seeds=1))
+    parser.add_argument("--bn-init", type=_inits, default=None,
+                        help="where BN running statistics start: data, default or both "
+                             "(default data,default; data with --quick)")
     bench = Benchmark(parser, argv)
+    inits = bench.args.bn_init or (("data",) if bench.args.quick else ("data", "default"))
     rounds = bench.args.rounds
-    curves: dict[str, list[dict[str, float | int | str]]] = {LABELS[s]: [] for s in STRATEGIES}
-    # per_fold[label][metric] = one curve (mean over sites, rounds 1..R) per fold
-    per_fold: dict[str, dict[str, list[list[float]]]] = {
-        LABELS[s]: {m: [] for m in METRICS} for s in STRATEGIES}
-    grid = [(s, fold) for s in STRATEGIES for fold in bench.folds]
-    for strategy, fold in bench.progress(grid):
-        history = run(strategy_config(bench, strategy, fold=fold))
-        curves[LABELS[strategy]].extend({**r, "fold": fold} for r in history.rows)
+    labels = [_label(s, i) for i in inits for s in STRATEGIES]
+    curves: dict[str, list[dict[str, float | int | str]]] = {lb: [] for lb in labels}
+    # per_cell[label][metric] = one curve (mean over sites, rounds 1..R) per cell
+    per_cell: dict[str, dict[str, list[list[float]]]] = {
+        lb: {m: [] for m in METRICS} for lb in labels}
+    grid = [(i, s, fold, seed) for i in inits for s in STRATEGIES
+            for fold, seed in bench.cells]
+    for init, strategy, fold, seed in bench.progress(grid):
+        label = _label(strategy, init)
+        history = run(strategy_config(bench, strategy, fold=fold, seed=seed, bn_init=init))
+        curves[label].extend({**r, "fold": fold, "seed": seed} for r in history.rows)
         for metric in METRICS:
-            per_fold[LABELS[strategy]][metric].append(list(curve(history, metric)))
+            per_cell[label][metric].append(list(curve(history, metric)))
 
     marks = sorted({r for r in CHECKPOINTS if r <= rounds} | {rounds})
-    header = ["round", *[f"{label} loss" for label in per_fold],
-              *[f"{label} acc (%)" for label in per_fold]]
+    header = ["round", *[f"{label} loss" for label in per_cell],
+              *[f"{label} acc (%)" for label in per_cell]]
     body = [[rnd,
-             *[format_mean_std([c[rnd - 1] for c in per_fold[lb]["train_loss"]], pct=False)
-               for lb in per_fold],
-             *[format_mean_std([c[rnd - 1] for c in per_fold[lb]["test_accuracy"]])
-               for lb in per_fold]]
+             *[_cell([c[rnd - 1] for c in per_cell[lb]["train_loss"]], pct=False)
+               for lb in per_cell],
+             *[_cell([c[rnd - 1] for c in per_cell[lb]["test_accuracy"]], pct=True)
+               for lb in per_cell]]
             for rnd in marks]
-    table = ("Mean over sites, mean (std) over runs; loss = training loss of the round\n\n"
-             + markdown_table(header, body))
-    rows = [{"strategy": lb, "fold": fold, "round": rnd,
-             **{m: round(per_fold[lb][m][i][rnd - 1], 6) for m in METRICS}}
-            for lb in per_fold for i, fold in enumerate(bench.folds)
+    table = ("Mean over sites, mean [95 % CI] over (fold, seed) cells; loss = training "
+             "loss of the round\n\n" + markdown_table(header, body))
+    rows = [{"strategy": lb, "fold": fold, "seed": seed, "round": rnd,
+             **{m: round(per_cell[lb][m][i][rnd - 1], 6) for m in METRICS}}
+            for lb in per_cell for i, (fold, seed) in enumerate(bench.cells)
             for rnd in range(1, rounds + 1)]
 
     def plot(path: Path) -> Path:
         return convergence_plot(curves, path, METRICS,
-                                title=f"ABIDE convergence ({bench.args.folds} run(s))")
+                                title=f"ABIDE convergence ({len(bench.cells)} cell(s))")
 
     bench.publish(table, rows, plot,
                   notes=f"FedProx mu = 0.01; {bench.args.rounds} rounds of 1 local epoch.")

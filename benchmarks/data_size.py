@@ -20,7 +20,7 @@ from _common import (
     Benchmark,
     Budget,
     float_list,
-    format_mean_std,
+    format_interval,
     line_plot,
     make_parser,
     markdown_table,
@@ -79,7 +79,7 @@ def _subsampled(datas: Mapping[str, SiteData], fraction: float, seed: int, fold:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run FedBN and SingleSet on each share of the training data and publish the table."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=50, folds=5),
+    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=100, folds=5, seeds=3),
                          quick=Budget(rounds=3, folds=1))
     parser.add_argument("--fractions", type=_fractions, default=None,
                         help="shares of each site's training split (default "
@@ -92,12 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 for s in STRATEGIES}
     n_train: dict[float, dict[str, list[int]]] = {f: {s: [] for s in sites} for f in fractions}
     full: dict[int, dict[str, SiteData]] = {}
-    grid = [(fold, f, s) for fold in bench.folds for f in fractions for s in STRATEGIES]
-    for fold, fraction, strategy in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold)
+    grid = [(fold, seed, f, s) for fold, seed in bench.cells for f in fractions
+            for s in STRATEGIES]
+    for fold, seed, fraction, strategy in bench.progress(grid):
+        config = strategy_config(bench, strategy, fold=fold, seed=seed)
         if fold not in full:
             full[fold] = prepare_all(config, sites)
-        datas = _subsampled(full[fold], fraction, bench.args.seed, fold)
+        datas = _subsampled(full[fold], fraction, seed, fold)
         if strategy == STRATEGIES[0]:
             for site, d in datas.items():
                 n_train[fraction][site].append(d.num_train)
@@ -108,14 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["data (%)", f"train examples ({'/'.join(sites)})",
               *[f"{label} (%)" for label in acc], "FedBN - SingleSet (pp)"]
     body = [[f"{100 * f:g}", "/".join(str(round(np.mean(n_train[f][s]))) for s in sites),
-             *[format_mean_std(acc[label][f]) for label in acc],
-             format_mean_std(gap[f], signed=True)] for f in fractions]
-    table = ("Test accuracy, mean over sites, mean (std) over runs\n\n"
+             *[format_interval(acc[label][f]) for label in acc],
+             format_interval(gap[f], signed=True)] for f in fractions]
+    table = ("Test accuracy at the last round, mean over sites, mean [95 % CI] over "
+             "(fold, seed) cells; the gap is paired by cell\n\n"
              + markdown_table(header, body))
-    rows = [{"fraction": f, "strategy": label, "fold": fold, "test_accuracy": round(v, 6),
-             **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
+    rows = [{"fraction": f, "strategy": label, "fold": fold, "seed": seed,
+             "test_accuracy": round(v, 6), **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
             for label in acc for f in fractions
-            for i, (fold, v) in enumerate(zip(bench.folds, acc[label][f]))]
+            for i, ((fold, seed), v) in enumerate(zip(bench.cells, acc[label][f]))]
 
     def plot(path: Path) -> Path:
         xs = [100 * f for f in fractions]

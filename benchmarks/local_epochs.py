@@ -19,7 +19,7 @@ from _common import (
     Benchmark,
     Budget,
     float_list,
-    format_mean_std,
+    format_interval,
     line_plot,
     make_parser,
     markdown_table,
@@ -45,7 +45,7 @@ def _epochs(text: str) -> tuple[int, ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run each strategy for each E at a fixed epoch budget and publish the accuracies."""
-    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=64, folds=5),
+    parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=64, folds=5, seeds=3),
                          quick=Budget(rounds=4, folds=1))
     parser.add_argument("--epochs", type=_epochs, default=None,
                         help=f"local epochs per round (default {','.join(map(str, EPOCHS))}; "
@@ -56,25 +56,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(e > budget for e in epochs):
         parser.error(f"every E in --epochs must be at most the epoch budget --rounds "
                      f"{budget}, got {','.join(map(str, epochs))}")
-    # acc[label][E] = mean test accuracy over sites, one per fold
+    # acc[label][E] = mean test accuracy over sites, one per (fold, seed) cell
     acc: dict[str, dict[int, list[float]]] = {LABELS[s]: {e: [] for e in epochs}
                                               for s in STRATEGIES}
-    grid = [(s, e, fold) for e in epochs for s in STRATEGIES for fold in bench.folds]
-    for strategy, e, fold in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold, local_epochs=e,
+    grid = [(s, e, fold, seed) for e in epochs for s in STRATEGIES
+            for fold, seed in bench.cells]
+    for strategy, e, fold, seed in bench.progress(grid):
+        config = strategy_config(bench, strategy, fold=fold, seed=seed, local_epochs=e,
                                  rounds=max(1, budget // e))
         acc[LABELS[strategy]][e].append(site_mean(run(config)))
 
     gap = [[fb - fa for fb, fa in zip(acc["FedBN"][e], acc["FedAvg"][e])] for e in epochs]
     header = ["E", "rounds", *[f"{label} (%)" for label in acc], "FedBN - FedAvg (pp)"]
-    body = [[e, max(1, budget // e), *[format_mean_std(acc[label][e]) for label in acc],
-             format_mean_std(g, signed=True)] for e, g in zip(epochs, gap)]
-    table = (f"Test accuracy, mean over sites, mean (std) over runs; {budget} local epochs "
-             "in total\n\n" + markdown_table(header, body))
+    body = [[e, max(1, budget // e), *[format_interval(acc[label][e]) for label in acc],
+             format_interval(g, signed=True)] for e, g in zip(epochs, gap)]
+    table = (f"Test accuracy at the last round, mean over sites, mean [95 % CI] over "
+             f"(fold, seed) cells; the gap is paired by cell; {budget} local epochs in "
+             "total\n\n" + markdown_table(header, body))
     rows = [{"local_epochs": e, "rounds": max(1, budget // e), "strategy": label,
-             "fold": fold, "test_accuracy": round(value, 6)}
+             "fold": fold, "seed": seed, "test_accuracy": round(value, 6)}
             for label in acc for e in epochs
-            for fold, value in zip(bench.folds, acc[label][e])]
+            for (fold, seed), value in zip(bench.cells, acc[label][e])]
 
     def plot(path: Path) -> Path:
         series = {label: (list(epochs), [100 * mean_std(acc[label][e])[0] for e in epochs],

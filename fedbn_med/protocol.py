@@ -176,8 +176,8 @@ class Comparison:
         """Return every table of the comparison, with how it was made."""
         folds = sorted({c.fold for c in self.cells})
         seeds = sorted({c.seed for c in self.cells})
-        parts = [f"{len(folds)} fold(s) x {len(seeds)} seed(s) = {len(folds) * len(seeds)} "
-                 "cells per method; each cell in %: mean [95 % CI] over the cells."]
+        parts = [(f"{len(folds)} fold(s) x {len(seeds)} seed(s) = {len(folds) * len(seeds)} "
+                  "cells per method; each cell in %: mean [95 % CI] over the cells.")]
         for metric in _METRICS:
             for at in AT:
                 where = ("at the round with the best mean validation accuracy"

@@ -138,7 +138,7 @@ class RunSpec:
     task: str = "abide"
     strategy: str = "fedbn"
     mu: float | None = None
-    rounds: int = 30
+    rounds: int = 100
     local_epochs: int = 1
     batch_size: int = 32
     lr: float = 1e-2

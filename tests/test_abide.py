@@ -23,7 +23,6 @@ from threadpoolctl import threadpool_limits
 
 from fedbn_med.tasks.abide.cohort import HO_LABELS, ZERO_ROI_INDEX, generate_cohort
 from fedbn_med.tasks.abide.cohort.signal import _build_template
-from tests.conftest import SMALL_COHORT_SEED
 from fedbn_med.tasks.abide.data import (
     MIN_VOLUMES,
     PHENOTYPIC_FILENAME,
@@ -39,6 +38,7 @@ from fedbn_med.tasks.abide.data import (
     roi_file_path,
     select_subjects,
 )
+from tests.conftest import SMALL_COHORT_SEED
 
 REFERENCE = Path("/work/shared/reference/abide_pcp")
 SERIES = Path("ABIDE_pcp") / "cpac" / "filt_noglobal"

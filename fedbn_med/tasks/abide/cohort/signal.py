@@ -96,10 +96,10 @@ from fedbn_med.tasks.abide.cohort.atlas import (
     _homologue,
 )
 from fedbn_med.tasks.abide.cohort.figures import (
-    REFERENCE_FD_ASD,
-    REFERENCE_FD_CONTROL,
     REFERENCE_DVARS,
     REFERENCE_FBER,
+    REFERENCE_FD_ASD,
+    REFERENCE_FD_CONTROL,
     REFERENCE_FD_LOG_SD,
     REFERENCE_TR_S,
     REFERENCE_VOLUMES,

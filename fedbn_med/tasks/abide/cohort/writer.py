@@ -32,7 +32,6 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.paths import resolve_data_dir
-from fedbn_med.tasks.abide.settings import COHORT_VERSION
 from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS, ZERO_ROI_INDEX
 from fedbn_med.tasks.abide.cohort.figures import DEFAULT_SITE_IDS, SITE_FIGURES
 from fedbn_med.tasks.abide.cohort.phenotypes import _site_rows
@@ -48,6 +47,7 @@ from fedbn_med.tasks.abide.data.layout import (
     NO_FILENAME,
     PHENOTYPIC_FILENAME,
 )
+from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
 __all__ = [
     "COHORT_VERSION",
