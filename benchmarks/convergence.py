@@ -13,6 +13,7 @@ the before/after of where they start.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def _label(strategy: str, init: str) -> str:
 def _cell(values: list[float], pct: bool) -> str:
     mean, low, high = interval(values)
     scale, fmt = (100.0, ".1f") if pct else (1.0, ".3f")
-    if high != high:
+    if math.isnan(high):
         return f"{scale * mean:{fmt}}"
     return f"{scale * mean:{fmt}} [{scale * low:{fmt}}, {scale * high:{fmt}}]"
 

@@ -13,6 +13,7 @@ this benchmark runs on the built-in cohort only.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             mean, low, high = interval(list(comparison.values(strategy, "best", "accuracy")
                                             .values()))
             cells.append(f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-                         if high == high else f"{100 * mean:.1f}")
+                         if not math.isnan(high) else f"{100 * mean:.1f}")
         gaps[e] = comparison.difference("fedbn", "fedavg", "best")
         last = comparison.difference("fedbn", "fedavg", "last")
         body.append([f"{e:g}", *cells, _gap(gaps[e]), _gap(last)])
@@ -88,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def plot(path: Path) -> Path:
         xs = list(effects)
         ys = [100 * gaps[e][0] for e in effects]
-        errs = [100 * (gaps[e][2] - gaps[e][0]) if gaps[e][2] == gaps[e][2] else 0.0
+        errs = [100 * (gaps[e][2] - gaps[e][0]) if not math.isnan(gaps[e][2]) else 0.0
                 for e in effects]
         return line_panels(path, [
             Panel({"FedBN - FedAvg": (xs, ys, errs)}, "site effect strength",
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _gap(stats: tuple[float, float, float, int]) -> str:
     mean, low, high, _ = stats
-    if high != high:
+    if math.isnan(high):
         return f"{100 * mean:+.1f}"
     return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 

@@ -13,6 +13,7 @@ paired FedBN - FedAvg and FedBN - SingleSet differences.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mean, low, high = interval(list(comparison.values(method, "best", "accuracy",
                                                                   site).values()))
                 means.append(100 * mean)
-                errs.append(100 * (high - mean) if high == high else 0.0)
+                errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
             series[method] = (means, errs)
         return bar_plot(path, [*SITES, "mean"], series,
                         ylabel="test accuracy (%), best-validation round, 95 % CI",

@@ -66,7 +66,7 @@ def _mean_ci(values: list[float]) -> str:
     if not values:
         return "none"
     mean, low, high = interval(values)
-    return f"{mean:.1f}" if high != high else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
+    return f"{mean:.1f}" if math.isnan(high) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
