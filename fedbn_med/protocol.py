@@ -162,14 +162,16 @@ class Comparison:
             lines.append("| " + " | ".join(row) + " |")
         return "\n".join(lines)
 
-    def difference_table(self, metric: str = "accuracy") -> str:
-        """Return a markdown table of the paired differences at both rounds, in pp."""
-        lines = ["| difference | at | mean (pp) | 95 % CI (pp) | cells |", "|---|---|---|---|---|"]
+    def difference_table(self) -> str:
+        """Return a markdown table of the paired differences (accuracy, AUC), in pp."""
+        lines = ["| difference | metric | at | mean (pp) | 95 % CI (pp) | cells |",
+                 "|---|---|---|---|---|---|"]
         for a, b in self.pairs():
-            for at in AT:
-                mean, low, high, n = self.difference(a, b, at, metric)
-                lines.append(f"| {a} - {b} | {at} | {100 * mean:+.1f} | "
-                             f"{_interval_text(low, high)} | {n} |")
+            for metric in _METRICS:
+                for at in AT:
+                    mean, low, high, n = self.difference(a, b, at, metric)
+                    lines.append(f"| {a} - {b} | {metric} | {at} | {100 * mean:+.1f} | "
+                                 f"{_interval_text(low, high)} | {n} |")
         return "\n".join(lines)
 
     def report(self) -> str:
@@ -184,7 +186,7 @@ class Comparison:
                          if at == "best" else "at the last round")
                 parts.append(f"Test {metric} {where}:\n\n{self.table(at, metric)}")
         if self.pairs():
-            parts.append("Paired differences of the site-mean test accuracy, cell by cell:"
+            parts.append("Paired differences of the site-mean test scores, cell by cell:"
                          "\n\n" + self.difference_table())
         rounds = [c.best_round for c in self.cells]
         parts.append(f"Best-validation rounds: median {int(np.median(rounds))}, range "
@@ -204,10 +206,12 @@ class Comparison:
                                 f"{key}.{metric}.{at}.ci_high": high})
         for a, b in self.pairs():
             key = f"{_metric_name(a)}_minus_{_metric_name(b)}"
-            for at in AT:
-                mean, low, high, _ = self.difference(a, b, at)
-                out.update({f"{key}.accuracy.{at}": mean, f"{key}.accuracy.{at}.ci_low": low,
-                            f"{key}.accuracy.{at}.ci_high": high})
+            for metric in _METRICS:
+                for at in AT:
+                    mean, low, high, _ = self.difference(a, b, at, metric)
+                    out.update({f"{key}.{metric}.{at}": mean,
+                                f"{key}.{metric}.{at}.ci_low": low,
+                                f"{key}.{metric}.{at}.ci_high": high})
         return {k: v for k, v in out.items() if math.isfinite(v)}
 
     def rows(self) -> list[dict[str, object]]:

@@ -42,7 +42,7 @@ def test_paired_interval_removes_what_cells_share() -> None:
         list(comparison.values("fedbn", "best", "accuracy").values()))
     assert unpaired_high - unpaired_low > 10 * (high - low)
     report = comparison.report()
-    assert "fedbn - fedavg | best | +2.2 |" in report
+    assert "fedbn - fedavg | accuracy | best | +2.2 |" in report
     assert "fedbn_minus_fedavg.accuracy.best.ci_low" in comparison.metrics()
 
 
