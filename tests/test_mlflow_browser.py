@@ -11,19 +11,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fedbn_med.federation.launcher import free_port
+from tests.mlflow_ui import mlflow_server
 
 pytestmark = pytest.mark.integration
 
@@ -107,39 +103,6 @@ def _log_run(store: Path, data_dir: Path, workdir: Path, *options: str) -> None:
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"
 
 
-@contextmanager
-def _mlflow_ui(store: Path, artifacts: Path) -> Iterator[str]:
-    """Serve ``store`` with ``mlflow server`` on a free local port; stop it on exit."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--backend-store-uri", f"sqlite:///{store}",
-         "--default-artifact-root", str(artifacts)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server on port {port} did not come up") from None
-                time.sleep(0.3)
-        yield base
-    finally:
-        # The server forks workers; its own session holds them all.
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _open_runs_table(page: Any, base: str) -> None:
     """Go from the experiment list to the experiment's runs table, as a user would."""
     from playwright.sync_api import expect
@@ -176,7 +139,7 @@ def test_parent_site_runs_and_round_chart_are_browsable(page, small_cohort, tmp_
 
     store = tmp_path / "mlflow.db"
     _log_run(store, small_cohort, tmp_path)
-    with _mlflow_ui(store, tmp_path / "artifacts") as base:
+    with mlflow_server(store, tmp_path / "artifacts") as base:
         _open_runs_table(page, base)
         parent = _run_row(page, "fedbn")
         site_links = page.get_by_role("link", name=re.compile(r"^site-"))
@@ -207,7 +170,7 @@ def test_compare_view_shows_strategies_side_by_side(page, small_cohort, tmp_path
     if _cli_has("--seeds"):
         options += ["--seeds", "1"]
     _log_run(store, small_cohort, tmp_path, *options)
-    with _mlflow_ui(store, tmp_path / "artifacts") as base:
+    with mlflow_server(store, tmp_path / "artifacts") as base:
         _open_runs_table(page, base)
         for name in ("fedavg", "fedbn"):
             _run_row(page, name).get_by_role(

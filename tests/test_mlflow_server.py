@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
 
 from fedbn_med.driver import run_in_process
-from fedbn_med.federation.launcher import free_port
 from fedbn_med.strategies import FedBN
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tracking import FederationTracker
 from fedbn_med.trainer import SiteData, SiteTrainer
+from tests.mlflow_ui import mlflow_server as serve
 
 pytestmark = pytest.mark.integration
 
@@ -38,35 +32,8 @@ def _get(base: str, path: str) -> dict:
 
 @pytest.fixture()
 def mlflow_server(tmp_path):
-    port = free_port()
-    mlflow_bin = Path(sys.executable).parent / "mlflow"
-    proc = subprocess.Popen(
-        [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--default-artifact-root", str(tmp_path / "artifacts")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("mlflow server did not start") from None
-                time.sleep(0.5)
+    with serve(tmp_path / "server.db", tmp_path / "artifacts") as base:
         yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.poll() is not None
 
 
 def _trainers():
