@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results, labels = run(rounds, list(seeds), list(folds), args.shots, new_sites)
     header = (f"# Leave-one-site-out onboarding{' (quick)' if args.quick else ''}\n\n"
               f"{rounds} rounds, {len(seeds)} seed(s) x {len(folds)} fold(s) of the held-out "
-              f"site, {args.shots} labeled cases per class; mean (std) in % over runs.\n")
+              f"site, {args.shots} labeled cases per class; mean [95 % CI] in % over runs.\n")
     report, csv = tables(results, labels, header)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(report + "\n", encoding="utf-8")

@@ -67,7 +67,7 @@ def paper_table(
     results: Mapping[str, Mapping[str, Sequence[float]]], sites: Sequence[str],
     metric: str = "accuracy",
 ) -> str:
-    """Return the paper-style markdown table: mean (std) in % over runs, per site and mean.
+    """Return the paper-style markdown table: mean [95 % CI] in % over runs, per site and mean.
 
     Parameters
     ----------
@@ -77,19 +77,31 @@ def paper_table(
         Column order.
     """
     header = ["method", *sites, "mean"]
-    lines = [f"{metric} (%), mean (std) over runs", "",
+    lines = [f"{metric} (%), mean [95 % CI] over runs", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, per_site in results.items():
         row = [method]
         means = []
         for site in sites:
-            mean, std = _mean_std(per_site.get(site, []))
-            means.append(mean)
-            row.append("n/a" if math.isnan(mean) else f"{100 * mean:.1f} ({100 * std:.1f})")
+            values = list(per_site.get(site, []))
+            means.append(_mean_std(values)[0])
+            row.append(format_interval(values))
         finite = [m for m in means if not math.isnan(m)]
         row.append(f"{100 * float(np.mean(finite)):.1f}" if finite else "n/a")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def format_interval(values: Sequence[float]) -> str:
+    """Format fractions as ``mean [low, high]`` in %: the mean and its 95 % t-interval."""
+    from fedbn_med.protocol import interval
+
+    mean, low, high = interval([float(v) for v in values])
+    if math.isnan(mean):
+        return "n/a"
+    if math.isnan(low):
+        return f"{100 * mean:.1f}"
+    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def paper_table_csv(results: Mapping[str, Mapping[str, Sequence[float]]],

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,6 +39,7 @@ from fedbn_med.onboarding.weights import (
     train_federation,
 )
 from fedbn_med.partition import partition_model, select
+from fedbn_med.report import format_interval
 from fedbn_med.strategies import SingleSet
 from fedbn_med.tasks.abide.build import build_model, prepare_site_data
 from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
@@ -360,20 +360,13 @@ def log_onboarding(result: OnboardingResult, *, params: Mapping[str, object] | N
 def method_table(per_method: Mapping[str, Sequence[Mapping[str, float]]],
                  labels: Mapping[str, str],
                  columns: Sequence[str] = ("test_accuracy", "test_auc")) -> str:
-    """Return a markdown table, one row per method, mean (std) over runs in %."""
+    """Return a markdown table, one row per method, mean [95 % CI] over runs in %."""
     header = ["method", *[c.replace("test_", "") for c in columns], "runs"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for method, runs in per_method.items():
         row = [labels.get(method, method)]
         for col in columns:
-            vals = np.array([float(r[col]) for r in runs if col in r], dtype=float)
-            vals = vals[~np.isnan(vals)]
-            if vals.size == 0:
-                row.append("n/a")
-            elif vals.size == 1:
-                row.append(f"{100 * vals[0]:.1f}")
-            else:
-                row.append(f"{100 * vals.mean():.1f} ({100 * vals.std():.1f})")
+            row.append(format_interval([float(r[col]) for r in runs if col in r]))
         row.append(str(len(runs)))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
