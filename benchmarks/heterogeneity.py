@@ -4,8 +4,9 @@ The built-in cohort is generated at each ``site_effect`` (0: the sites differ on
 who they recruit, no scanner effect; 1: realistic ABIDE-like scanner effects; 2: twice
 as strong). FedBN's advantage comes from site-specific feature shift, so at 0 the gap's
 interval should include 0. Each strength runs every (fold, seed) cell; the gap is the
-paired FedBN - FedAvg difference at the best-validation round, with its 95 % interval. Real ABIDE has one, fixed site effect, so
-this benchmark runs on the built-in cohort only.
+paired FedBN - FedAvg difference at the best-validation round, with its 95 % interval.
+Real ABIDE has one, fixed site effect, so this benchmark runs on the built-in cohort
+only.
 
     python benchmarks/heterogeneity.py [--quick] [--site-effects 0,0.5,1,2]
 """

@@ -358,10 +358,11 @@ class SiteTrainer:
         """Set every BN layer's running mean and variance from this site's training data.
 
         Done once, before the first local step, when no BN layer has seen a batch yet:
-        one pass, in the training split's order and in training batches. PyTorch starts the running statistics
-        at 0 and 1; on connectivity features the first layer's outputs have a variance
-        near 0.005, and with momentum 0.1 and a few batches a round the estimates take
-        tens of rounds to arrive, so that a site's evaluations first predict one class.
+        one pass, in the training split's order and in training batches. PyTorch starts
+        the running statistics at 0 and 1; on connectivity features the first layer's
+        outputs have a variance near 0.005, and with momentum 0.1 and a few batches a
+        round the estimates take tens of rounds to arrive, so that a site's evaluations
+        first predict one class.
         Starting from the site's own statistics changes nothing else: the layers stay
         local under FedBN and train as standard BN afterwards.
         """

@@ -2,7 +2,8 @@
 
 The key hashes the feature version, the loader's options, the built-in cohort's version
 (for a generated cohort), and the size and modification time of the phenotypic table and
-of every selected ROI file, so a changed input is never served from a stale cache. Writes go through a temporary file and a rename.
+of every selected ROI file, so a changed input is never served from a stale cache.
+Writes go through a temporary file and a rename.
 """
 
 from __future__ import annotations
