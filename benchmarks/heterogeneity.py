@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{len(bench.cells)} cells")
 
     metrics = {f"gap.effect_{e:g}.{k}": v for e, (m, lo, hi, _) in gaps.items()
-               for k, v in (("mean", m), ("ci_low", lo), ("ci_high", hi)) if v == v}
+               for k, v in (("mean", m), ("ci_low", lo), ("ci_high", hi)) if not math.isnan(v)}
     bench.publish(table, rows, plot, metrics=metrics)
     return 0
 
