@@ -13,8 +13,6 @@ and option errors answer at once.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import time
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
-    "Panel", "bar_plot", "curve", "float_list", "format_interval", "format_mean_std",
+    "Panel", "bar_plot", "curve", "float_list", "format_mean_std",
     "line_panels", "line_plot",
     "make_parser",
     "markdown_table", "mean_std", "prepare_all", "run", "site_mean", "strategy_config",
@@ -199,7 +197,9 @@ class Benchmark:
             f"{self.args.folds} fold(s) x {self.args.seeds} seed(s) from seed "
             f"{self.args.seed}, wall time {wall:.1f} s._\n")
         (self.out / "table.md").write_text(table + footer, encoding="utf-8")
-        (self.out / "table.csv").write_text(_csv_text(rows), encoding="utf-8")
+        from fedbn_med.report import csv_text
+
+        (self.out / "table.csv").write_text(csv_text(rows), encoding="utf-8")
         png = plot(self.out / "plot.png")
         summary = {"benchmark": self.name, "mode": mode, "runs": self.runs,
                    "wall_time_s": round(wall, 2), "params": self.params()}
@@ -314,33 +314,11 @@ def format_mean_std(values: Iterable[float], *, pct: bool = True, signed: bool =
     return f"{mean:{sign}.3f} ({std:.3f})"
 
 
-def format_interval(values: Iterable[float], *, signed: bool = False) -> str:
-    """Format fractions as ``mean [low, high]`` in %, the 95 % Student-t interval."""
-    from fedbn_med.protocol import interval
-
-    mean, low, high = interval(list(values))
-    if math.isnan(mean):
-        return "n/a"
-    sign = "+" if signed else ""
-    if math.isnan(low):
-        return f"{100 * mean:{sign}.1f}"
-    return f"{100 * mean:{sign}.1f} [{100 * low:{sign}.1f}, {100 * high:{sign}.1f}]"
-
-
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Return a markdown table."""
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def _csv_text(rows: Sequence[Mapping[str, object]]) -> str:
-    buf = io.StringIO()
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
 
 
 # -- plots ----------------------------------------------------------------------------------

@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from _common import RESULTS_DIR, float_list, markdown_table  # noqa: I001
+from _common import RESULTS_DIR, float_list, markdown_table
 
 NAME = "cohort_check"
 
 
-def _features(site_effect: float, seed: int, data_dir: Path | None) -> dict[str, tuple]:
+def _features(site_effect: float, seed: int, data_dir: Path | None
+              ) -> dict[str, tuple[np.ndarray, np.ndarray, tuple]]:
     from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, ensure_cohort
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.sites import load_sites
@@ -41,24 +41,9 @@ def _features(site_effect: float, seed: int, data_dir: Path | None) -> dict[str,
     out = {}
     for name, cfg in load_sites(["NYU", "UM", "USM", "UCLA"]).items():
         feats = load_site_features(root, cfg.abide_site_ids, name=name)
-        out[name] = (np.asarray(feats.features, dtype=float), np.asarray(feats.labels))
+        out[name] = (np.asarray(feats.features, dtype=float), np.asarray(feats.labels),
+                     feats.roi_labels)
     return out
-
-
-def _dx_pattern(seed: int, n_features: int) -> np.ndarray:
-    from fedbn_med.tasks.abide.cohort.signal import _build_template
-
-    shift = _build_template(seed).dx_shift
-    rows, cols = np.triu_indices(shift.shape[0], k=1)
-    pattern = shift[rows, cols]
-    if pattern.size != n_features:  # the loader dropped the all-zero ROI
-        from fedbn_med.tasks.abide.cohort import ZERO_ROI_INDEX
-
-        keep = np.delete(np.arange(shift.shape[0]), ZERO_ROI_INDEX)
-        sub = shift[np.ix_(keep, keep)]
-        rows, cols = np.triu_indices(sub.shape[0], k=1)
-        pattern = sub[rows, cols]
-    return pattern
 
 
 def _auc(score: np.ndarray, labels: np.ndarray) -> float:
@@ -89,17 +74,6 @@ def _site_accuracy(sites: dict[str, tuple], seed: int) -> float:
                                          cv=folds)))
 
 
-def site_lines(sites: dict[str, tuple]) -> dict[str, tuple[float, float]]:
-    """Return each site's (gain, offset): its mean features regressed on the pooled mean."""
-    pooled = np.concatenate([v[0] for v in sites.values()]).mean(axis=0)
-    design = np.column_stack([pooled, np.ones_like(pooled)])
-    out = {}
-    for name, (x, _) in sites.items():
-        gain, offset = np.linalg.lstsq(design, x.mean(axis=0), rcond=None)[0]
-        out[name] = (float(gain), float(offset))
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Generate the cohort at each strength and print its site and diagnosis figures."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
@@ -112,13 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     from fedbn_med.tasks.abide.cohort import COHORT_VERSION
+    from fedbn_med.tasks.abide.cohort.diagnostics import dx_pattern, site_lines
 
     body, site_rows = [], []
     for effect in args.site_effects:
         sites = _features(effect, args.seed, args.data_dir)
-        pattern = _dx_pattern(args.seed, next(iter(sites.values()))[0].shape[1])
-        lines = site_lines(sites)
-        for name, (x, y) in sites.items():
+        lines = site_lines({name: x for name, (x, _, _) in sites.items()})
+        for name, (x, y, roi_labels) in sites.items():
+            pattern = dx_pattern(args.seed, roi_labels)
             gain, offset = lines[name]
             body.append([f"{effect:g}", name, len(y), f"{gain:.3f}", f"{offset:+.3f}",
                          f"{_auc(x @ pattern, y):.3f}",

@@ -13,7 +13,6 @@ the before/after of where they start.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +27,9 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import interval
+from fedbn_med.protocol import format_interval
 from fedbn_med.report import convergence_plot
+from fedbn_med.spec import BN_INITS
 
 NAME = "convergence"
 STRATEGIES = ("fedbn", "fedavg", "fedprox")
@@ -39,21 +39,13 @@ CHECKPOINTS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200)
 
 def _inits(text: str) -> tuple[str, ...]:
     values = tuple(t.strip() for t in text.split(",") if t.strip())
-    if not values or not set(values) <= {"data", "default"}:
+    if not values or not set(values) <= set(BN_INITS):
         raise argparse.ArgumentTypeError(f"expected data, default or both, got {text!r}")
     return values
 
 
 def _label(strategy: str, init: str) -> str:
     return LABELS[strategy] + (" BN 0/1" if init == "default" else "")
-
-
-def _cell(values: list[float], pct: bool) -> str:
-    mean, low, high = interval(values)
-    scale, fmt = (100.0, ".1f") if pct else (1.0, ".3f")
-    if math.isnan(high):
-        return f"{scale * mean:{fmt}}"
-    return f"{scale * mean:{fmt}} [{scale * low:{fmt}}, {scale * high:{fmt}}]"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,9 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["round", *[f"{label} loss" for label in per_cell],
               *[f"{label} acc (%)" for label in per_cell]]
     body = [[rnd,
-             *[_cell([c[rnd - 1] for c in per_cell[lb]["train_loss"]], pct=False)
+             *[format_interval([c[rnd - 1] for c in per_cell[lb]["train_loss"]],
+                               scale=1.0, digits=3)
                for lb in per_cell],
-             *[_cell([c[rnd - 1] for c in per_cell[lb]["test_accuracy"]], pct=True)
+             *[format_interval([c[rnd - 1] for c in per_cell[lb]["test_accuracy"]])
                for lb in per_cell]]
             for rnd in marks]
     table = ("Mean over sites, mean [95 % CI] over (fold, seed) cells; loss = training "

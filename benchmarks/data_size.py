@@ -20,7 +20,6 @@ from _common import (
     Benchmark,
     Budget,
     float_list,
-    format_interval,
     line_plot,
     make_parser,
     markdown_table,
@@ -32,6 +31,7 @@ from _common import (
 )
 from sklearn.model_selection import train_test_split
 
+from fedbn_med.protocol import format_interval
 from fedbn_med.tasks.abide.sites import load_sites
 from fedbn_med.trainer import SiteData, derive_seed
 

@@ -30,7 +30,7 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import Cell, Comparison, interval
+from fedbn_med.protocol import Cell, Comparison, format_interval, format_stats
 
 NAME = "heterogeneity"
 STRATEGIES = ("fedbn", "fedavg")
@@ -73,15 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               "at last round (pp) [95 % CI]"]
     body, rows, gaps = [], [], {}
     for e, comparison in comparisons.items():
-        cells = []
-        for strategy in STRATEGIES:
-            mean, low, high = interval(list(comparison.values(strategy, "best", "accuracy")
-                                            .values()))
-            cells.append(f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
-                         if not math.isnan(high) else f"{100 * mean:.1f}")
+        cells = [format_interval(list(comparison.values(s, "best", "accuracy").values()))
+                 for s in STRATEGIES]
         gaps[e] = comparison.difference("fedbn", "fedavg", "best")
         last = comparison.difference("fedbn", "fedavg", "last")
-        body.append([f"{e:g}", *cells, _gap(gaps[e]), _gap(last)])
+        body.append([f"{e:g}", *cells, format_stats(*gaps[e][:3], signed=True),
+                     format_stats(*last[:3], signed=True)])
         rows += [{"site_effect": e, **row} for row in comparison.rows()]
     table = ("Test accuracy, mean over sites, at the round with the best mean validation "
              f"accuracy; mean [95 % CI] over {len(bench.cells)} (fold, seed) cells; the gap "
@@ -102,13 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                for k, v in (("mean", m), ("ci_low", lo), ("ci_high", hi)) if not math.isnan(v)}
     bench.publish(table, rows, plot, metrics=metrics)
     return 0
-
-
-def _gap(stats: tuple[float, float, float, int]) -> str:
-    mean, low, high, _ = stats
-    if math.isnan(high):
-        return f"{100 * mean:+.1f}"
-    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from _common import (
     Benchmark,
     Budget,
     float_list,
-    format_interval,
     line_plot,
     make_parser,
     markdown_table,
@@ -28,6 +27,8 @@ from _common import (
     site_mean,
     strategy_config,
 )
+
+from fedbn_med.protocol import format_interval
 
 NAME = "local_epochs"
 STRATEGIES = ("fedbn", "fedavg", "fedprox")

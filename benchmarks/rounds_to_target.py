@@ -33,7 +33,7 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import interval
+from fedbn_med.protocol import format_interval, interval
 
 NAME = "rounds_to_target"
 STRATEGIES = ("fedbn", "fedavg")
@@ -63,10 +63,7 @@ def rounds_to(values: np.ndarray, target: float) -> int | None:
 
 
 def _mean_ci(values: list[float]) -> str:
-    if not values:
-        return "none"
-    mean, low, high = interval(values)
-    return f"{mean:.1f}" if math.isnan(high) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
+    return format_interval(values, scale=1.0) if values else "none"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from fedbn_med.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
-from fedbn_med.spec import TASK_NAMES, RunSpec, settings_module, task_defaults
+from fedbn_med.rounds import WEIGHTINGS
+from fedbn_med.spec import BN_INITS, TASK_NAMES, RunSpec, settings_module, task_defaults
 from fedbn_med.strategies import STRATEGIES
 from fedbn_med.tasks.site_toml import SITE_NAME
 
@@ -38,8 +39,8 @@ __all__ = ["build_parser", "main"]
 _SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
                  "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
                  "weighting", "bn_init", "threads")
-#: --compare's protocol unless --folds/--seeds say otherwise: every fold, three seeds.
-COMPARE_FOLDS, COMPARE_SEEDS = 5, 3
+#: --compare's seeds per fold unless --seeds says otherwise (it runs every fold).
+COMPARE_SEEDS = 3
 
 
 def _sites(text: str) -> tuple[str, ...]:
@@ -85,7 +86,8 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                    help="run several strategies (comma-separated; alone: "
                         f"{','.join(settings_module(task).COMPARE)}) and print one table")
     p.add_argument("--folds", type=positive_int, default=None,
-                   help=f"with --compare: test folds 0..N-1 (default {COMPARE_FOLDS})")
+                   help=f"with --compare: test folds 0..N-1 (default all "
+                        f"{RunSpec.n_folds})")
     p.add_argument("--seeds", type=positive_int, default=None,
                    help=f"with --compare: seeds per fold, from --seed on (default "
                         f"{COMPARE_SEEDS}); methods are compared cell by cell")
@@ -97,10 +99,10 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None,
                    help=f"SGD learning rate (default {d.get('lr', 1e-2):g})")
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--weighting", choices=("samples", "equal"), default=None,
+    p.add_argument("--weighting", choices=WEIGHTINGS, default=None,
                    help="how the server averages shared weights: by training examples "
                         "(default) or every site alike (the FedBN paper's code)")
-    p.add_argument("--bn-init", choices=("data", "default"), default=None,
+    p.add_argument("--bn-init", choices=BN_INITS, default=None,
                    help="where BN running statistics start: the site's own training data "
                         "(default) or PyTorch's 0 and 1")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -281,7 +283,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         raise ValueError("--folds and --seeds go with --compare; for one run, choose its "
                          "fold with --fold and its seed with --seed.")
     if compare:
-        folds = range(args.folds or COMPARE_FOLDS)
+        folds = range(args.folds or spec.n_folds)
         seeds = range(spec.seed, spec.seed + (args.seeds or COMPARE_SEEDS))
         specs = [spec_from_args(args, s, f).replace(seed=seed) for s in compare
                  for f in folds for seed in seeds]
@@ -346,9 +348,7 @@ def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
 
 def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: str) -> str:
     """Log the comparison's tables and figures as one MLflow run; return its id."""
-    import csv
-    import io
-
+    from fedbn_med.report import csv_text
     from fedbn_med.tasks import get_task
     from fedbn_med.tracking import FederationTracker
 
@@ -363,12 +363,7 @@ def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: 
     try:
         tracker.log_metrics(comparison.metrics())
         tracker.log_text(comparison.report() + "\n", "compare.md")
-        buf = io.StringIO()
-        rows = comparison.rows()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        tracker.log_text(buf.getvalue(), "cells.csv")
+        tracker.log_text(csv_text(comparison.rows()), "cells.csv")
     except BaseException:
         tracker.finish("FAILED")
         raise

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
-    "AT", "Cell", "Comparison", "best_round", "interval", "scores_at",
+    "AT", "Cell", "Comparison", "best_round", "format_interval", "format_stats", "interval",
+    "scores_at",
 ]
 
 #: The two rounds a run is scored at.
@@ -156,9 +157,8 @@ class Comparison:
         for strategy in self.strategies:
             row = [strategy]
             for site in (*self.sites, "mean"):
-                mean, low, high = interval(list(self.values(strategy, at, metric, site)
-                                                .values()))
-                row.append(_pct(mean, low, high))
+                row.append(format_interval(list(self.values(strategy, at, metric, site)
+                                                 .values())))
             lines.append("| " + " | ".join(row) + " |")
         return "\n".join(lines)
 
@@ -234,9 +234,20 @@ def _interval_text(low: float, high: float) -> str:
     return f"[{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def _pct(mean: float, low: float, high: float) -> str:
+def format_stats(mean: float, low: float, high: float, *, scale: float = 100.0,
+                 digits: int = 1, signed: bool = False) -> str:
+    """Format ``mean [low, high]`` (times ``scale``: percent by default).
+
+    Without bounds (one value) only the mean is written; without a mean, ``n/a``.
+    """
     if not math.isfinite(mean):
         return "n/a"
+    spec = f"{'+' if signed else ''}.{digits}f"
     if not (math.isfinite(low) and math.isfinite(high)):
-        return f"{100 * mean:.1f}"
-    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+        return f"{scale * mean:{spec}}"
+    return f"{scale * mean:{spec}} [{scale * low:{spec}}, {scale * high:{spec}}]"
+
+
+def format_interval(values: Sequence[float], **options: object) -> str:
+    """Format the mean of ``values`` and its 95 % interval (:func:`format_stats` options)."""
+    return format_stats(*interval(values), **options)  # type: ignore[arg-type]

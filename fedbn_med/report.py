@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+
+from fedbn_med.protocol import format_interval
 
 __all__ = ["convergence_plot", "paper_table", "paper_table_csv", "result_columns", "site_table"]
 
@@ -83,7 +87,7 @@ def paper_table(
         row = [method]
         means = []
         for site in sites:
-            values = list(per_site.get(site, []))
+            values = [float(v) for v in per_site.get(site, [])]
             means.append(_mean_std(values)[0])
             row.append(format_interval(values))
         finite = [m for m in means if not math.isnan(m)]
@@ -92,16 +96,14 @@ def paper_table(
     return "\n".join(lines)
 
 
-def format_interval(values: Sequence[float]) -> str:
-    """Format fractions as ``mean [low, high]`` in %: the mean and its 95 % t-interval."""
-    from fedbn_med.protocol import interval
-
-    mean, low, high = interval([float(v) for v in values])
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(low):
-        return f"{100 * mean:.1f}"
-    return f"{100 * mean:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+def csv_text(rows: Sequence[Mapping[str, object]]) -> str:
+    """Return rows of values as CSV text, one column per key seen (in first-seen order)."""
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
 
 
 def paper_table_csv(results: Mapping[str, Mapping[str, Sequence[float]]],

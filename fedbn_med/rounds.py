@@ -31,6 +31,7 @@ from fedbn_med.strategies import Strategy, weighted_average
 __all__ = [
     "MAX_EXAMPLES",
     "OUTLIER_FACTOR",
+    "WEIGHTINGS",
     "Reply",
     "RoundOutcome",
     "RoundPlan",
@@ -48,6 +49,9 @@ Weights = dict[str, torch.Tensor]
 
 #: An update whose norm is over this many times the other sites' median is left out.
 OUTLIER_FACTOR = 50.0
+
+#: How close_round may weigh the accepted updates (``RunSpec.weighting``).
+WEIGHTINGS = ("samples", "equal")
 
 #: More training examples than any site holds; a larger count is refused.
 MAX_EXAMPLES = 10**9
@@ -263,6 +267,9 @@ def close_round(
     RoundOutcome
         The new global weights, the sites averaged and the sites refused with reasons.
     """
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
+                         f"{weighting!r}.")
     current = dict(global_weights)
     controls = dict(control or {}) if strategy.controls else {}
     outcome = RoundOutcome(global_weights=current, control=controls)
@@ -294,9 +301,6 @@ def close_round(
             outcome.refused[reply.site] = reason
         else:
             outcome.accepted.append(reply.site)
-    if weighting not in ("samples", "equal"):
-        raise ValueError(f"weighting must be 'samples' or 'equal', got {weighting!r}.")
-
     def weight(reply: Reply) -> int:
         return int(reply.num_examples) if weighting == "samples" else 1
 

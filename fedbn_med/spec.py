@@ -27,10 +27,12 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 from fedbn_med.privacy import UpdatePrivacy
+from fedbn_med.rounds import WEIGHTINGS
 from fedbn_med.strategies import Strategy, get_strategy
 from fedbn_med.tasks import TASK_NAMES
 
 __all__ = [
+    "BN_INITS",
     "RUN_CONFIG_KEY",
     "TASK_NAMES",
     "RunSpec",
@@ -71,8 +73,6 @@ def task_defaults(task: str) -> dict[str, Any]:
     return {**module.DEFAULTS, "settings": module.Settings()}
 
 
-#: How the server may average shared weights (``RunSpec.weighting``).
-WEIGHTINGS = ("samples", "equal")
 #: Where BN running statistics may start (``RunSpec.bn_init``).
 BN_INITS = ("data", "default")
 

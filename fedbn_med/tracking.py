@@ -213,7 +213,7 @@ class FederationTracker:
         return missing
 
     def log_metrics(self, metrics: Mapping[str, float]) -> None:
-        """Log summary figures (finite ones) on the parent run, at step 0."""
+        """Log summary figures (the numeric ones) on the parent run, at step 0."""
         batch = _finite_metrics(metrics, 0, int(time.time() * 1000))
         for start in range(0, len(batch), _BATCH):
             self.client.log_batch(self.parent_id, metrics=batch[start:start + _BATCH])

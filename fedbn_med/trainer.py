@@ -23,6 +23,7 @@ from fedbn_med.metrics import classification_metrics
 from fedbn_med.partition import partition_model, select
 from fedbn_med.privacy import UpdatePrivacy
 from fedbn_med.scaffold import CONTROL_PREFIX, SiteControl, split_controls
+from fedbn_med.spec import BN_INITS
 from fedbn_med.strategies import Strategy
 
 __all__ = ["ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed", "resolve_device"]
@@ -130,8 +131,8 @@ class SiteTrainer:
         bn_init: str = "default",
         threads: int | None = None,
     ) -> None:
-        if bn_init not in ("data", "default"):
-            raise ValueError(f"bn_init must be 'data' or 'default', got {bn_init!r}.")
+        if bn_init not in BN_INITS:
+            raise ValueError(f"bn_init must be one of {', '.join(BN_INITS)}, got {bn_init!r}.")
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be a positive integer, got {threads}.")
         if lr <= 0 or not math.isfinite(lr):

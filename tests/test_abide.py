@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.tasks.abide.cohort import HO_LABELS, ZERO_ROI_INDEX, generate_cohort
-from fedbn_med.tasks.abide.cohort.signal import _build_template
+from fedbn_med.tasks.abide.cohort.diagnostics import dx_pattern, site_lines
 from fedbn_med.tasks.abide.data import (
     MIN_VOLUMES,
     PHENOTYPIC_FILENAME,
@@ -372,14 +371,6 @@ def _site_accuracy(data: dict[str, SiteFeatures]) -> float:
     return float(balanced_accuracy_score(y, pred))
 
 
-def _dx_pattern(seed: int, roi_labels: Sequence[str]) -> np.ndarray:
-    """Return the generator's true diagnosis shift on the loader's edges."""
-    shift = _build_template(seed).dx_shift
-    keep = [HO_LABELS.index(int(str(label).lstrip("#"))) for label in roi_labels]
-    sub = shift[np.ix_(keep, keep)]
-    return sub[np.triu_indices(len(keep), k=1)]
-
-
 def test_sites_separable_and_diagnosis_present_but_hard(small_cohort: Path) -> None:
     data = load_abide(small_cohort)
     assert _site_accuracy(data) > 0.8  # chance: 0.25
@@ -387,7 +378,7 @@ def test_sites_separable_and_diagnosis_present_but_hard(small_cohort: Path) -> N
     # from perfect (cohort v1 scored 0.97 to 1.0 here, and rankings followed sample size).
     aucs = {}
     for name, site in data.items():
-        pattern = _dx_pattern(SMALL_COHORT_SEED, site.roi_labels)
+        pattern = dx_pattern(SMALL_COHORT_SEED, site.roi_labels)
         aucs[name] = roc_auc_score(site.labels, site.features @ pattern)
     assert all(0.7 < auc < 0.995 for auc in aucs.values()), aucs
     assert np.mean(list(aucs.values())) < 0.96, aucs
@@ -395,10 +386,8 @@ def test_sites_separable_and_diagnosis_present_but_hard(small_cohort: Path) -> N
 
 def _site_gains(data: dict[str, SiteFeatures]) -> np.ndarray:
     """Return each site's slope of its mean features against the pooled mean."""
-    pooled = np.concatenate([s.features for s in data.values()]).mean(axis=0)
-    design = np.column_stack([pooled, np.ones_like(pooled)])
-    return np.array([np.linalg.lstsq(design, s.features.mean(axis=0), rcond=None)[0][0]
-                     for s in data.values()])
+    lines = site_lines({name: s.features for name, s in data.items()})
+    return np.array([gain for gain, _ in lines.values()])
 
 
 def test_sites_differ_by_a_gain_on_connectivity(small_cohort: Path) -> None:

@@ -39,7 +39,7 @@ from fedbn_med.onboarding.weights import (
     train_federation,
 )
 from fedbn_med.partition import partition_model, select
-from fedbn_med.report import format_interval
+from fedbn_med.protocol import format_interval
 from fedbn_med.strategies import SingleSet
 from fedbn_med.tasks.abide.build import build_model, prepare_site_data
 from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
