@@ -250,7 +250,7 @@ def close_round(
     global_weights : mapping of str to tensor
         The weights the round started from; they give the expected keys and shapes.
     replies : sequence of Reply
-        The sites' answers, in arrival order.
+        The sites' answers, in any order: they are aggregated in site-name order.
     private_keys : iterable of str
         Keys no reply may carry.
     control : mapping of str to tensor, optional
@@ -270,6 +270,9 @@ def close_round(
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
                          f"{weighting!r}.")
+    # Replies are taken in site order, not arrival order: the float sums of the average
+    # must not depend on which site answered first.
+    replies = sorted(replies, key=lambda r: r.site)
     current = dict(global_weights)
     controls = dict(control or {}) if strategy.controls else {}
     outcome = RoundOutcome(global_weights=current, control=controls)
