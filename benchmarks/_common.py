@@ -37,7 +37,8 @@ __all__ = [
     "Panel", "bar_plot", "curve", "float_list", "format_mean_std",
     "line_panels", "line_plot",
     "make_parser",
-    "markdown_table", "mean_std", "prepare_all", "run", "site_mean", "strategy_config",
+    "markdown_table", "mean_std", "prepare_all", "run", "selected", "site_mean",
+    "strategy_config",
 ]
 
 BENCHMARK_DIR = Path(__file__).resolve().parent
@@ -288,6 +289,18 @@ def site_mean(history: History, metric: str = "test_accuracy", rnd: int | None =
     vals = [float(r[metric]) for r in history.rows
             if int(r["round"]) == rnd and metric in r and not math.isnan(float(r[metric]))]
     return float(np.mean(vals)) if vals else math.nan
+
+
+def selected(history: History, metric: str = "test_balanced_accuracy") -> float:
+    """Return the mean over sites of a metric at the run's selected round.
+
+    The selected round is the one with the lowest mean validation loss
+    (:func:`fedbn_med.protocol.best_round`): the run's result is that round's model, and
+    no test split takes part in choosing it.
+    """
+    from fedbn_med.protocol import best_round
+
+    return site_mean(history, metric, best_round(history.rows))
 
 
 def curve(history: History, metric: str = "test_accuracy") -> np.ndarray:

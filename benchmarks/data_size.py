@@ -26,7 +26,7 @@ from _common import (
     mean_std,
     prepare_all,
     run,
-    site_mean,
+    selected,
     strategy_config,
 )
 from sklearn.model_selection import train_test_split
@@ -91,18 +91,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     acc: dict[str, dict[float, list[float]]] = {LABELS[s]: {f: [] for f in fractions}
                                                 for s in STRATEGIES}
     n_train: dict[float, dict[str, list[int]]] = {f: {s: [] for s in sites} for f in fractions}
-    full: dict[int, dict[str, SiteData]] = {}
+    full: dict[tuple[int, int], dict[str, SiteData]] = {}
     grid = [(fold, seed, f, s) for fold, seed in bench.cells for f in fractions
             for s in STRATEGIES]
     for fold, seed, fraction, strategy in bench.progress(grid):
         config = strategy_config(bench, strategy, fold=fold, seed=seed)
-        if fold not in full:
-            full[fold] = prepare_all(config, sites)
-        datas = _subsampled(full[fold], fraction, seed, fold)
+        if (fold, seed) not in full:  # each repetition re-draws the splits
+            full[fold, seed] = prepare_all(config, sites)
+        datas = _subsampled(full[fold, seed], fraction, seed, fold)
         if strategy == STRATEGIES[0]:
             for site, d in datas.items():
                 n_train[fraction][site].append(d.num_train)
-        acc[LABELS[strategy]][fraction].append(site_mean(run(config, datas, sites)))
+        acc[LABELS[strategy]][fraction].append(selected(run(config, datas, sites)))
 
     gap = {f: [a - b for a, b in zip(acc["FedBN"][f], acc["SingleSet"][f])]
            for f in fractions}
@@ -111,11 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     body = [[f"{100 * f:g}", "/".join(str(round(np.mean(n_train[f][s]))) for s in sites),
              *[format_interval(acc[label][f]) for label in acc],
              format_interval(gap[f], signed=True)] for f in fractions]
-    table = ("Test accuracy at the last round, mean over sites, mean [95 % CI] over "
-             "(fold, seed) cells; the gap is paired by cell\n\n"
+    table = ("Test balanced accuracy at the round with the lowest mean validation loss, "
+             "mean over sites, mean [95 % CI] over (fold, seed) cells (naive: cells share "
+             "subjects, see interval_design.py); the gap is paired by cell\n\n"
              + markdown_table(header, body))
     rows = [{"fraction": f, "strategy": label, "fold": fold, "seed": seed,
-             "test_accuracy": round(v, 6), **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
+             "test_balanced_accuracy": round(v, 6), **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
             for label in acc for f in fractions
             for i, ((fold, seed), v) in enumerate(zip(bench.cells, acc[label][f]))]
 
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           [100 * mean_std(acc[label][f])[1] for f in fractions])
                   for label in acc}
         return line_plot(path, series, xlabel="share of local training data (%, log scale)",
-                         ylabel="test accuracy (%)", xlog=True, hline=50.0,
+                         ylabel="test balanced accuracy (%)", xlog=True, hline=50.0,
                          title=f"ABIDE, {bench.args.rounds} rounds")
 
     bench.publish(table, rows, plot,

@@ -30,12 +30,13 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import Cell, Comparison, format_interval, format_stats
+from fedbn_med.protocol import Cell, Comparison, format_stats
 
 NAME = "heterogeneity"
 STRATEGIES = ("fedbn", "fedavg")
 SITE_EFFECTS = (0.0, 0.5, 1.0, 2.0)
 QUICK_SITE_EFFECTS = (0.0, 1.0)
+METRIC = "balanced_accuracy"  # headline metric
 
 
 def _effects(text: str) -> tuple[float, ...]:
@@ -73,16 +74,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "at last round (pp) [95 % CI]"]
     body, rows, gaps = [], [], {}
     for e, comparison in comparisons.items():
-        cells = [format_interval(list(comparison.values(s, "best", "accuracy").values()))
+        cells = [format_stats(*comparison.corrected(comparison.values(s, "best", METRIC)))
                  for s in STRATEGIES]
-        gaps[e] = comparison.difference("fedbn", "fedavg", "best")
-        last = comparison.difference("fedbn", "fedavg", "last")
+        gaps[e] = comparison.difference("fedbn", "fedavg", "best", METRIC, corrected=True)
+        last = comparison.difference("fedbn", "fedavg", "last", METRIC, corrected=True)
         body.append([f"{e:g}", *cells, format_stats(*gaps[e][:3], signed=True),
                      format_stats(*last[:3], signed=True)])
         rows += [{"site_effect": e, **row} for row in comparison.rows()]
-    table = ("Test accuracy, mean over sites, at the round with the best mean validation "
-             f"accuracy; mean [95 % CI] over {len(bench.cells)} (fold, seed) cells; the gap "
-             "is paired by cell\n\n" + markdown_table(header, body))
+    table = ("Test balanced accuracy, mean over sites, at the round with the lowest mean "
+             f"validation loss; mean [corrected 95 % CI] over {len(bench.cells)} (fold, seed) "
+             "cells; the gap is paired by cell\n\n" + markdown_table(header, body))
 
     def plot(path: Path) -> Path:
         xs = list(effects)
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for e in effects]
         return line_panels(path, [
             Panel({"FedBN - FedAvg": (xs, ys, errs)}, "site effect strength",
-                  "accuracy gap (pp), 95 % CI", hline=0.0),
+                  "balanced accuracy gap (pp), corrected 95 % CI", hline=0.0),
         ], title=f"ABIDE-format cohort, {bench.args.rounds} rounds, "
                  f"{len(bench.cells)} cells")
 

@@ -1,10 +1,20 @@
-"""Images per second through an imaging site's training loop, with caching on and off.
+"""Training throughput of an imaging site, with MONAI's caching in memory, on disk, or none.
 
-Each configuration (task x caching) runs in a fresh process so that its peak memory
-(``ru_maxrss``; on CUDA also the allocator's peak) is its own. Mixed precision is used on
-CUDA. ``--quick`` uses tiny images for CI.
+The MRI task runs in its 3D mode (patches drawn by ``RandCropByPosNegLabeld``) and is
+measured in 3D patches per second; X-ray in radiographs per second. Each configuration
+(task x caching) runs in a fresh process, so its peak memory (``ru_maxrss``; on CUDA also
+the allocator's peak) is its own:
+
+- ``memory``: ``CacheDataset`` keeps every decoded, resized, normalised volume;
+- ``disk``: ``PersistentDataset`` keeps them as files (MRI only; the first epoch writes
+  them, the timed epochs read them back);
+- ``none``: every epoch decodes and preprocesses each file again.
+
+Setup is building the site (decoding and caching); the first epoch is a warm-up, then
+``--epochs`` epochs are timed. Mixed precision is used on CUDA.
 
     OMP_NUM_THREADS=1 python benchmarks/imaging_throughput.py [--quick] [--task mri]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -13,18 +23,28 @@ import argparse
 import multiprocessing as mp
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 SIZES = {  # task: (realistic settings, quick settings); the rest are the task's defaults
-    "mri": ({}, {"image_size": 16, "subjects": 6, "slices": 4}),
+    "mri": ({"mode": "3d"}, {"mode": "3d", "image_size": 24, "subjects": 6,
+                             "patch_size": 16, "patches": 2}),
     "xray": ({}, {"image_size": 32, "subjects": 6}),
 }
 SITE = {"mri": "SiteA", "xray": "HospitalA"}
+CACHES = {"mri": ("memory", "disk", "none"), "xray": ("memory", "none")}
+UNIT = {"mri": "3D patches", "xray": "radiographs"}
+
+
+def _cache_settings(cache: str, folder: str) -> dict[str, object]:
+    if cache == "memory":
+        return {"cache": True}
+    return {"cache": False, "cache_dir": folder if cache == "disk" else ""}
 
 
 def _measure(task: str, extra: dict[str, object], epochs: int, device: str,
-             data_dir: str | None, queue: mp.Queue) -> None:
+             data_dir: str, queue: mp.Queue) -> None:
     import torch
 
     from fedbn_med.spec import RunSpec
@@ -34,11 +54,12 @@ def _measure(task: str, extra: dict[str, object], epochs: int, device: str,
     config = RunSpec.for_task(task, strategy="fedbn", rounds=1, sites=(SITE[task],),
                               device=device, **extra)
     start = time.perf_counter()
-    trainer = get_task(task).build_site(SITE[task], config,
-                                        Path(data_dir) if data_dir else None, device)
+    trainer = get_task(task).build_site(SITE[task], config, Path(data_dir), device)
     setup = time.perf_counter() - start
-    per_item = config.settings.slices if task == "mri" else 1
-    trainer.fit({}, {"round": 1, "local_epochs": 1})  # warm-up (and first decode)
+    per_item = config.settings.patches if task == "mri" else 1
+    start = time.perf_counter()
+    trainer.fit({}, {"round": 1, "local_epochs": 1})  # warm-up (a disk cache is written)
+    warmup = time.perf_counter() - start
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -46,45 +67,77 @@ def _measure(task: str, extra: dict[str, object], epochs: int, device: str,
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
-    images = trainer.data.num_train * per_item * epochs
+    items = trainer.data.num_train * per_item * epochs
     gpu_peak = (torch.cuda.max_memory_allocated() / 2**20
                 if trainer.device.type == "cuda" else float("nan"))
-    queue.put({"setup_s": setup, "images": images, "seconds": elapsed,
-               "images_per_s": images / elapsed, "amp": trainer.amp,
-               "device": str(trainer.device),
+    queue.put({"setup_s": setup, "warmup_s": warmup, "items": items, "seconds": elapsed,
+               "per_s": items / elapsed, "amp": trainer.amp, "device": str(trainer.device),
+               "shape": "x".join(map(str, trainer.input_shape[1:])),
                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                "gpu_peak_mib": gpu_peak})
+
+
+def _prepare(task: str, extra: dict[str, object], data_dir: str) -> None:
+    """Generate the built-in site once, so that no configuration's setup pays for it."""
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.imaging import synth
+
+    settings = RunSpec.for_task(task, **extra).settings
+    ensure = synth.ensure_mri_site if task == "mri" else synth.ensure_xray_site
+    ensure(SITE[task], size=settings.image_size, subjects=settings.subjects,
+           seed=settings.data_seed, data_dir=data_dir)
+
+
+def _result(queue: mp.Queue, proc: mp.process.BaseProcess) -> dict[str, object]:
+    """Return the configuration's figures, or raise if its process died without them."""
+    import queue as queues
+
+    while True:
+        try:
+            result: dict[str, object] = queue.get(timeout=5)
+            proc.join()
+            return result
+        except queues.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"A measuring process exited with code {proc.exitcode} "
+                                   "and no result; its error is printed above.") from None
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run every configuration and print one line per configuration."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="tiny images (CI)")
-    p.add_argument("--task", choices=("mri", "xray", "both"), default="both")
+    p.add_argument("--quick", action="store_true", help="tiny volumes and images (CI)")
+    p.add_argument("--task", choices=("mri", "xray", "both"), default="mri")
     p.add_argument("--epochs", type=int, default=None, help="timed epochs (default 2, quick 1)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--data-dir", default=None)
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="data root of the built-in sites (default: a temporary folder)")
     args = p.parse_args(argv)
     epochs = args.epochs or (1 if args.quick else 2)
     tasks = ("mri", "xray") if args.task == "both" else (args.task,)
     ctx = mp.get_context("spawn")
-    print(f"{'task':5} {'cache':5} {'device':6} {'amp':5} {'images':>6} {'img/s':>8} "
-          f"{'setup s':>8} {'peak RSS MiB':>12} {'GPU peak MiB':>12}")
-    for task in tasks:
-        extra = SIZES[task][1 if args.quick else 0]
-        for cache in (True, False):
-            queue = ctx.Queue()
-            proc = ctx.Process(target=_measure, args=(
-                task, {**extra, "cache": cache}, epochs, args.device,
-                args.data_dir, queue))
-            proc.start()
-            result = queue.get()
-            proc.join()
-            print(f"{task:5} {'on' if cache else 'off':5} {result['device']:6} "
-                  f"{result['amp']!s:5} {result['images']:6d} "
-                  f"{result['images_per_s']:8.1f} {result['setup_s']:8.1f} "
-                  f"{result['peak_rss_mib']:12.0f} {result['gpu_peak_mib']:12.0f}")
-            sys.stdout.flush()
+    print(f"{'task':5} {'cache':6} {'device':7} {'amp':5} {'input':9} {'items':>6} "
+          f"{'items/s':>8} {'setup s':>8} {'warm-up s':>9} {'peak RSS MiB':>12} "
+          f"{'GPU peak MiB':>12}")
+    with tempfile.TemporaryDirectory(prefix="fedbn-throughput-") as tmp:
+        data_dir = str(args.data_dir.resolve()) if args.data_dir else str(Path(tmp) / "data")
+        for task in tasks:
+            extra = SIZES[task][1 if args.quick else 0]
+            _prepare(task, extra, data_dir)
+            for cache in CACHES[task]:
+                queue = ctx.Queue()
+                settings = {**extra, **_cache_settings(cache, str(Path(tmp) / f"{task}-disk"))}
+                proc = ctx.Process(target=_measure, args=(task, settings, epochs,
+                                                          args.device, data_dir, queue))
+                proc.start()
+                result = _result(queue, proc)
+                print(f"{task:5} {cache:6} {result['device']:7} {result['amp']!s:5} "
+                      f"{result['shape']:9} {result['items']:6d} {result['per_s']:8.2f} "
+                      f"{result['setup_s']:8.1f} {result['warmup_s']:9.1f} "
+                      f"{result['peak_rss_mib']:12.0f} {result['gpu_peak_mib']:12.0f}")
+                sys.stdout.flush()
+        print(f"\nitems: {', '.join(f'{t} {UNIT[t]}' for t in tasks)} per timed epoch "
+              f"x {epochs} epoch(s)")
 
 
 if __name__ == "__main__":

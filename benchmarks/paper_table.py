@@ -1,11 +1,14 @@
 """Reproduce the FedBN paper's ABIDE table under the comparison protocol.
 
-Every strategy trains on every (fold, seed) cell: the 5 test folds of every site's split
-times 3 seeds by default. SingleSet, FedAvg, FedProx (mu = 0.01), FedBN and Centralized
-use the paper's settings (SGD lr 0.01, batch 32, one local epoch per round). Each run is
-scored at the round with the best mean validation accuracy and at its last round
-(:mod:`fedbn_med.protocol`); the tables give mean [95 % CI] over the cells, and the
-paired FedBN - FedAvg and FedBN - SingleSet differences.
+Every strategy trains on every (fold, repetition) cell: the 5 test folds of every site's
+split times 3 repetitions by default, each repetition re-drawing every site's split.
+SingleSet, FedAvg, FedProx (mu = 0.01), FedBN and Centralized use the paper's settings
+(SGD lr 0.01, batch 32, one local epoch per round). Each run's result is its round with
+the lowest mean validation loss (:mod:`fedbn_med.protocol`); the tables give balanced
+accuracy, AUC and accuracy as mean [corrected 95 % CI] over the cells, with a
+majority-class and a motion-only (mean FD) row, the paired differences of FedBN against
+every other row (naive and corrected intervals), and subject-level McNemar and DeLong
+tests on the pooled out-of-fold predictions (written to ``predictions.csv``).
 
     python benchmarks/paper_table.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
                                      [--seeds S] [--weighting samples|equal]
@@ -17,9 +20,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import LABELS, Benchmark, Budget, bar_plot, make_parser, run, strategy_config
+from _common import LABELS, Benchmark, Budget, bar_plot, make_parser, strategy_config
 
-from fedbn_med.protocol import Cell, Comparison, interval
+from fedbn_med.protocol import run_comparison
+from fedbn_med.report import csv_text
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -43,26 +47,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
                         help="how shared weights are averaged (default samples)")
     bench = Benchmark(parser, argv)
-    comparison = Comparison(sites=SITES)
-    grid = [(s, fold, seed) for s in STRATEGIES for fold, seed in bench.cells]
-    for strategy, fold, seed in bench.progress(grid):
-        history = run(strategy_config(bench, strategy, fold=fold, seed=seed,
-                                      weighting=bench.args.weighting))
-        comparison.add(Cell.from_rows(LABELS[strategy], fold, seed, history.rows))
+    specs = {LABELS[s]: strategy_config(bench, s, sites=SITES, weighting=bench.args.weighting)
+             for s in STRATEGIES}
+    bench.runs += len(specs) * len(bench.cells)
+    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
     table = comparison.report()
+    bench.out.mkdir(parents=True, exist_ok=True)
+    (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
+                                               encoding="utf-8")
 
     def plot(path: Path) -> Path:
         series = {}
         for method in comparison.strategies:
             means, errs = [], []
             for site in (*SITES, "mean"):
-                mean, low, high = interval(list(comparison.values(method, "best", "accuracy",
-                                                                  site).values()))
+                mean, _, high = comparison.corrected(
+                    comparison.values(method, "best", "balanced_accuracy", site))
                 means.append(100 * mean)
                 errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
             series[method] = (means, errs)
         return bar_plot(path, [*SITES, "mean"], series,
-                        ylabel="test accuracy (%), best-validation round, 95 % CI",
+                        ylabel="test balanced accuracy (%), best-validation round, "
+                               "corrected 95 % CI",
                         title=f"ABIDE, {bench.args.rounds} rounds, {len(bench.cells)} cells")
 
     bench.publish(table, comparison.rows(), plot, notes=PAPER, metrics=comparison.metrics())

@@ -1,27 +1,30 @@
-"""Communication cost: rounds FedBN and FedAvg need to reach a target mean accuracy.
+"""Communication cost: rounds FedBN and FedAvg need to reach a target validation score.
 
-Every (fold, seed) cell trains both strategies. In each run the accuracy curve (mean
-over sites) is smoothed by a trailing mean over ``--window`` rounds (test sets are
-small, so one lucky round should not count); its rounds to a target are the first round
-at which the smoothed curve reaches it. Per target the table gives how many cells reach
-it, the mean rounds [95 % CI] over the cells that do, and the paired difference FedAvg -
-FedBN over the cells where both do (above 0: FedBN needs fewer rounds), with the share of
-rounds saved.
+Every (fold, repetition) cell trains both strategies. In each run the validation curve
+(mean over sites of the validation accuracy, or ``--metric``) is smoothed by a trailing
+mean over ``--window`` rounds (validation sets are small, so one lucky round should not
+count); its rounds to a target are the first round at which the smoothed curve reaches
+it. No test split is looked at. A run that never reaches the target is censored at the
+last round: it counts, as "not reached by round R", never as missing. Per target the
+table gives the cells reaching it, each strategy's restricted mean rounds (censored runs
+counted as R, so it is a lower bound where any are censored) with its interval, the
+paired difference FedAvg - FedBN of those (above 0: FedBN needs fewer rounds) with the
+corrected resampled-t interval, and the Kaplan-Meier median rounds.
 
     python benchmarks/rounds_to_target.py [--quick] [--targets 0.55,0.6,0.65,0.7]
-                                          [--metric val] [--window 5] [--seeds S]
+                                          [--metric accuracy] [--window 5] [--seeds S]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from _common import (
     LABELS,
+    N_FOLDS,
     Benchmark,
     Budget,
     curve,
@@ -33,7 +36,8 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import format_interval, interval
+from fedbn_med.protocol import format_stats
+from fedbn_med.stats import corrected_t_interval
 
 NAME = "rounds_to_target"
 STRATEGIES = ("fedbn", "fedavg")
@@ -62,8 +66,34 @@ def rounds_to(values: np.ndarray, target: float) -> int | None:
     return int(hits[0]) + 1 if hits.size else None
 
 
-def _mean_ci(values: list[float]) -> str:
-    return format_interval(values, scale=1.0) if values else "none"
+def km_median(rounds: Sequence[int | None], horizon: int) -> int | None:
+    """Return the Kaplan-Meier median of rounds to target, None when not reached by half.
+
+    ``None`` entries are runs censored at ``horizon`` (they never reached the target).
+    """
+    times = sorted(r for r in rounds if r is not None)
+    n = len(rounds)
+    surviving, at_risk = 1.0, n
+    for t in sorted(set(times)):
+        events = times.count(t)
+        surviving *= 1 - events / at_risk
+        at_risk -= events
+        if surviving <= 0.5:
+            return t
+    return None
+
+
+def restricted(rounds: Sequence[int | None], horizon: int) -> list[float]:
+    """Return rounds to target with censored runs counted as ``horizon``."""
+    return [float(horizon if r is None else r) for r in rounds]
+
+
+def _ratio() -> float:
+    return 1.0 / (N_FOLDS - 1)
+
+
+def _fmt(values: list[float], signed: bool = False) -> str:
+    return format_stats(*corrected_t_interval(values, _ratio()), scale=1.0, signed=signed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,15 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                          full=Budget(rounds=200, folds=5, seeds=3),
                          quick=Budget(rounds=4, folds=1, seeds=1))
     parser.add_argument("--targets", type=_targets, default=TARGETS,
-                        help=f"target accuracies (default {','.join(map(str, TARGETS))})")
-    parser.add_argument("--metric", choices=("test", "val"), default="test",
-                        help="accuracy on the test or the validation split (default test)")
+                        help=f"target scores (default {','.join(map(str, TARGETS))})")
+    parser.add_argument("--metric", choices=("accuracy", "balanced_accuracy", "auc"),
+                        default="accuracy",
+                        help="the validation score the targets are for (default accuracy)")
     parser.add_argument("--window", type=int, default=5,
                         help="rounds of the trailing mean (default 5; 1 = no smoothing)")
     bench = Benchmark(parser, argv)
     if bench.args.window < 1:
         parser.error(f"--window must be a positive integer, got {bench.args.window}")
-    metric = f"{bench.args.metric}_accuracy"
+    metric = f"val_{bench.args.metric}"
+    horizon = bench.args.rounds
     per_cell: dict[str, list[np.ndarray]] = {LABELS[s]: [] for s in STRATEGIES}
     grid = [(s, fold, seed) for s in STRATEGIES for fold, seed in bench.cells]
     for strategy, fold, seed in bench.progress(grid):
@@ -91,30 +123,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     body, rows = [], []
     for target in bench.args.targets:
         reach = {lb: [rounds_to(c, target) for c in cs] for lb, cs in per_cell.items()}
-        bn = [float(r) for r in reach["FedBN"] if r is not None]
-        avg = [float(r) for r in reach["FedAvg"] if r is not None]
-        both = [(a, b) for a, b in zip(reach["FedAvg"], reach["FedBN"])
-                if a is not None and b is not None]
-        diff = [float(a - b) for a, b in both]
-        saved = (100 * np.mean(diff) / np.mean([a for a, _ in both])) if both else math.nan
-        body.append([f"{100 * target:g}", _mean_ci(bn), _mean_ci(avg),
-                     _mean_ci(diff), "n/a" if math.isnan(saved) else f"{saved:+.0f} %",
-                     f"{len(bn)}/{len(avg)}/{len(both)} of {n_cells}"])
-        mean, low, high = interval(diff) if diff else (math.nan,) * 3
+        bn, avg = restricted(reach["FedBN"], horizon), restricted(reach["FedAvg"], horizon)
+        diff = [a - b for a, b in zip(avg, bn)]
+        medians = {lb: km_median(r, horizon) for lb, r in reach.items()}
+        hit = {lb: sum(r is not None for r in rs) for lb, rs in reach.items()}
+        body.append([f"{100 * target:g}", _fmt(bn), _fmt(avg), _fmt(diff, signed=True),
+                     *[str(m) if m is not None else f"> {horizon}"
+                       for m in (medians["FedBN"], medians["FedAvg"])],
+                     f"{hit['FedBN']}/{hit['FedAvg']} of {n_cells}"])
+        mean, low, high = corrected_t_interval(diff, _ratio())
         rows.append({"target": target, "metric": metric,
-                     "rounds_fedbn_mean": np.mean(bn) if bn else math.nan,
-                     "rounds_fedavg_mean": np.mean(avg) if avg else math.nan,
+                     "restricted_rounds_fedbn": float(np.mean(bn)),
+                     "restricted_rounds_fedavg": float(np.mean(avg)),
                      "fedavg_minus_fedbn": mean, "ci_low": low, "ci_high": high,
-                     "cells_fedbn": len(bn), "cells_fedavg": len(avg),
-                     "cells_both": len(both)})
+                     "km_median_fedbn": medians["FedBN"], "km_median_fedavg": medians["FedAvg"],
+                     "cells_fedbn": hit["FedBN"], "cells_fedavg": hit["FedAvg"],
+                     "cells": n_cells, "horizon": horizon})
     mean_curve = {lb: np.mean(cs, axis=0) for lb, cs in per_cell.items()}
     best = {lb: float(np.max(c)) for lb, c in mean_curve.items()}
-    header = [f"target {bench.args.metric} acc (%)", "FedBN rounds", "FedAvg rounds",
-              "FedAvg - FedBN (rounds, paired)", "rounds saved by FedBN",
-              "cells reaching (FedBN/FedAvg/both)"]
-    table = (f"Rounds to a target mean {bench.args.metric} accuracy in each cell (trailing "
-             f"mean over {bench.args.window} rounds), mean [95 % CI] over the cells that "
-             f"reach it; best of the mean curve: "
+    header = [f"target {metric} (%)", "FedBN rounds", "FedAvg rounds",
+              "FedAvg - FedBN (rounds, paired)", "FedBN median (KM)", "FedAvg median (KM)",
+              "cells reaching (FedBN/FedAvg)"]
+    table = (f"Rounds to a target mean {metric} (validation split, trailing mean over "
+             f"{bench.args.window} rounds) in each cell. Rounds: restricted mean [corrected "
+             f"95 % CI] over all {n_cells} cells, a run that never reaches the target counted "
+             f"as {horizon} (censored); median: Kaplan-Meier. Best of the mean curve: "
              + ", ".join(f"{lb} {100 * v:.1f} %" for lb, v in best.items())
              + "\n\n" + markdown_table(header, body))
 
@@ -122,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         series = {lb: (list(range(1, c.size + 1)), list(100 * c), None)
                   for lb, c in mean_curve.items()}
         return line_plot(path, series, xlabel="round",
-                         ylabel=f"{bench.args.metric} accuracy (%), smoothed, mean of cells",
+                         ylabel=f"{metric} (%), smoothed, mean of cells",
                          title="ABIDE: rounds to target (dashed: lowest target)",
                          hline=100 * min(bench.args.targets))
 

@@ -38,7 +38,7 @@ __all__ = ["build_parser", "main"]
 
 _SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
                  "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
-                 "weighting", "bn_init", "threads")
+                 "dp_seeded_noise", "weighting", "bn_init", "threads")
 #: --compare's seeds per fold unless --seeds says otherwise (it runs every fold).
 COMPARE_SEEDS = 3
 
@@ -123,6 +123,9 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                     help="add Gaussian noise of std SIGMA*C to every clipped update")
     dp.add_argument("--dp-delta", type=float, default=None, metavar="DELTA",
                     help="delta of the reported (epsilon, delta) (default 1e-5)")
+    dp.add_argument("--dp-seeded-noise", action="store_const", const=True, default=None,
+                    help="draw the noise from the run's seed so that an experiment "
+                         "repeats: NOT private, for experiments only")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a task setting: " + ", ".join(
                        f"{f}={getattr(own, f)!r}" for f in own.__dataclass_fields__))
@@ -338,11 +341,20 @@ def _print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str
 
 
 def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
-    from fedbn_med.protocol import Cell, Comparison
+    from fedbn_med.protocol import METRICS, Cell, Comparison
 
-    comparison = Comparison(sites=tuple(specs[0].sites))
+    # the task's scores (MRI: Dice), else the protocol's (balanced accuracy, AUC, ...)
+    metrics = tuple(getattr(settings_module(specs[0].task), "METRICS", METRICS))
+    comparison = Comparison(sites=tuple(specs[0].sites), n_folds=specs[0].n_folds,
+                            metric_names=metrics)
     for spec, result in zip(specs, results):
-        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"]))
+        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
+                                      metrics=metrics))
+    if specs[0].task == "abide":  # the majority-class and motion-only rows
+        from fedbn_med.protocol import add_reference_rows
+
+        add_reference_rows(comparison, specs[0], dict.fromkeys((s.fold, s.seed)
+                                                               for s in specs))
     return comparison
 
 

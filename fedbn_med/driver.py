@@ -111,6 +111,7 @@ def run_in_process(
     # SCAFFOLD's server variate, over the keys every site controls (empty otherwise)
     control = (zero_controls(global_weights, first.control.keys)
                if first.control is not None else {})
+    norm_reference = 0.0  # the outlier rule's memory of earlier rounds (close_round)
     for rnd in range(1, rounds + 1):
         plan = plan_round(rnd, local_epochs=local_epochs)
         round_metrics: dict[str, dict[str, float]] = {}
@@ -128,8 +129,9 @@ def run_in_process(
                 replies.append(Reply(site, weights, n, fit, trainer.control_delta))
                 round_metrics[site] = {"num_examples": n, **fit}
             outcome = close_round(strategy, global_weights, replies, private, control=control,
-                                  n_sites=len(trainers), weighting=weighting)
-            control = outcome.control
+                                  n_sites=len(trainers), weighting=weighting,
+                                  norm_reference=norm_reference)
+            control, norm_reference = outcome.control, outcome.norm_reference
             for site, reason in outcome.refused.items():
                 logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
             global_weights = outcome.global_weights

@@ -19,6 +19,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 __all__ = [
     "NoPrivateKeysError",
     "Partition",
+    "bn_layers",
+    "bn_statistics_keys",
     "partition_model",
     "select",
     "site_private_keys",
@@ -38,11 +40,27 @@ class Partition:
     shared : frozenset of str
         Keys that may leave the site and are averaged across sites.
     private : frozenset of str
-        Keys of normalisation layers: they never leave the site.
+        Keys of normalisation layers: they never leave the site under FedBN.
+    statistics : frozenset of str
+        The part of ``private`` that is running statistics (``running_mean``,
+        ``running_var``, ``num_batches_tracked``): what SiloBN keeps home while it
+        shares the layers' affine ``weight`` and ``bias``.
     """
 
     shared: frozenset[str]
     private: frozenset[str]
+    statistics: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.statistics <= self.private:
+            raise ValueError(
+                "A partition's statistics keys must be private keys; these are not: "
+                f"{sorted(self.statistics - self.private)[:5]}.")
+
+    @property
+    def affine(self) -> frozenset[str]:
+        """Return the private keys that are trainable parameters (BN weight and bias)."""
+        return self.private - self.statistics
 
     @property
     def all(self) -> frozenset[str]:
@@ -64,6 +82,30 @@ def _normalisation_modules(model: nn.Module) -> Iterable[tuple[str, nn.Module]]:
     for name, module in model.named_modules():
         if isinstance(module, _BatchNorm):
             yield name, module
+
+
+def bn_layers(model: nn.Module, *, tracking: bool = True) -> list[_BatchNorm]:
+    """Return the model's batch-normalisation layers, found by type, in module order.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any network.
+    tracking : bool
+        Only the layers that keep running statistics (``track_running_stats``).
+    """
+    return [m for _, m in _normalisation_modules(model)  # type: ignore[misc]
+            if not tracking or m.track_running_stats]
+
+
+def bn_statistics_keys(model: nn.Module) -> frozenset[str]:
+    """Return the state-dict keys of the BN layers' buffers (their running statistics)."""
+    state_keys = set(model.state_dict().keys())
+    keys: set[str] = set()
+    for prefix, module in _normalisation_modules(model):
+        dotted = f"{prefix}." if prefix else ""
+        keys.update(dotted + name for name, _ in module.named_buffers(recurse=False))
+    return frozenset(keys & state_keys)
 
 
 def site_private_keys(model: nn.Module) -> frozenset[str]:
@@ -96,7 +138,7 @@ def partition_model(model: nn.Module) -> Partition:
     """Split a model's state-dict keys into shared and site-private ones."""
     private = site_private_keys(model)
     shared = frozenset(model.state_dict().keys()) - private
-    return Partition(shared=shared, private=private)
+    return Partition(shared=shared, private=private, statistics=bn_statistics_keys(model))
 
 
 def select(state: Mapping[str, torch.Tensor], keys: Iterable[str]) -> dict[str, torch.Tensor]:

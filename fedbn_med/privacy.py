@@ -20,18 +20,27 @@ it could regenerate would protect nothing.
 A site may demand more privacy than the run asks for in its own TOML file
 (:class:`SitePrivacy`): its noise is a floor and its delta a ceiling that the server's
 settings cannot lower or raise (:func:`resolve_privacy`).
+
+A site's spending does not restart with a new federation: :class:`PrivacyLedger` keeps,
+in the site's own state folder, every release of every federation it took part in, and
+the site refuses a run (or a round) that would take the composed epsilon above the
+ceiling of its site file (``dp_epsilon_max``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 __all__ = [
+    "MAX_NOISE",
+    "PrivacyLedger",
     "SitePrivacy",
     "UpdatePrivacy",
     "clip_and_noise",
@@ -44,6 +53,9 @@ Weights = dict[str, torch.Tensor]
 
 #: Every site releases one update per round it takes part in: no subsampling.
 SAMPLE_RATE = 1.0
+#: The largest noise multiplier accepted; beyond it the RDP accountant overflows, and
+#: epsilon stops falling long before (1e3 already gives the floor set by delta).
+MAX_NOISE = 1e6
 
 
 def _finite_number(name: str, value: object) -> float:
@@ -141,11 +153,16 @@ class UpdatePrivacy:
         accepts it, which the tests use.
     delta : float
         The delta of the reported (epsilon, delta).
+    seeded : bool
+        Draw the noise from the run's seed (:func:`fedbn_med.dp_terms.noise_generator`)
+        for experiments that must repeat: NOT private, and labelled so wherever the
+        epsilon is shown.
     """
 
     clip: float
     noise: float
     delta: float = 1e-5
+    seeded: bool = False
 
     def __post_init__(self) -> None:
         clip = _finite_number("dp_clip", self.clip)
@@ -153,8 +170,9 @@ class UpdatePrivacy:
         delta = _finite_number("dp_delta", self.delta)
         if clip <= 0:
             raise ValueError(f"dp_clip must be a positive norm, got {self.clip!r}.")
-        if noise < 0:
-            raise ValueError(f"dp_noise must be >= 0 (a noise multiplier), got {self.noise!r}.")
+        if not 0 <= noise <= MAX_NOISE:
+            raise ValueError(f"dp_noise must be a noise multiplier from 0 to {MAX_NOISE:g}, "
+                             f"got {self.noise!r}.")
         _check_delta(delta)
         object.__setattr__(self, "clip", clip)
         object.__setattr__(self, "noise", noise)
@@ -177,6 +195,10 @@ class UpdatePrivacy:
                 f"{who}: the RDP accountant gives epsilon = {eps} for dp_noise = "
                 f"{self.noise:g} over {rounds} rounds at dp_delta = {self.delta:g}; raise "
                 "--dp-noise or lower --rounds.")
+        from fedbn_med.dp_terms import replace_one_epsilon, warn_if_large
+
+        warn_if_large(eps, who, seeded=self.seeded, replace_one=replace_one_epsilon(
+            [(self.noise, SAMPLE_RATE, rounds)], self.delta) if eps > 10 else None)
         return eps
 
     def privatize(self, sent: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
@@ -241,4 +263,66 @@ def resolve_privacy(run: UpdatePrivacy | None, site: SitePrivacy | None,
             "--dp-clip: a noise multiplier needs a clip norm (add dp_clip = 1.0 to the file).")
     noise = max(run.noise if run is not None else 0.0, site.noise or 0.0)
     deltas = [d for d in (run.delta if run is not None else None, site.delta) if d is not None]
-    return UpdatePrivacy(clip=clip, noise=noise, delta=min(deltas) if deltas else 1e-5)
+    return UpdatePrivacy(clip=clip, noise=noise, delta=min(deltas) if deltas else 1e-5,
+                         seeded=run.seeded if run is not None else False)
+
+
+History = list[tuple[float, float, int]]
+
+
+class PrivacyLedger:
+    """One site's DP spending over every federation, in a JSON file of its own folder.
+
+    The file maps each federation id to its accountant history (noise multiplier,
+    sample rate, releases), as the site's state of that federation holds it; the epsilon
+    spent is the RDP composition of all of them. A damaged file is an error, never a
+    fresh start: a ledger read as empty would let the budget restart.
+
+    Parameters
+    ----------
+    path : Path
+        The ledger file (``<state_dir>/<site>.dp_ledger.json``).
+    site : str
+        The site it belongs to (named in errors).
+    """
+
+    def __init__(self, path: Path, site: str) -> None:
+        self.path = Path(path)
+        self.site = site
+        self.federations: dict[str, History] = self._read()
+
+    def _read(self) -> dict[str, History]:
+        if not self.path.exists():
+            return {}
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            return {str(fid): [(float(s), float(q), int(n)) for s, q, n in history]
+                    for fid, history in dict(raw["federations"]).items()}
+        except (OSError, ValueError, TypeError, KeyError) as err:
+            raise ValueError(
+                f"Privacy ledger {self.path} of site {self.site} is damaged ({err}); expected "
+                '{"federations": {ID: [[noise, sample_rate, releases], ...]}}. Restore it '
+                "from a backup: the site will not start its budget again from zero.") from None
+
+    def history(self, exclude: str | None = None) -> History:
+        """Return every federation's releases, but ``exclude``'s."""
+        return [step for fid, steps in sorted(self.federations.items()) if fid != exclude
+                for step in steps]
+
+    def spent(self, delta: float, extra: Sequence[tuple[float, float, int]] = (),
+              exclude: str | None = None) -> float:
+        """Return the epsilon of everything recorded (but ``exclude``) plus ``extra``."""
+        steps = [*self.history(exclude), *extra]
+        if not any(n for _, _, n in steps):
+            return 0.0
+        return epsilon(0.0, 0, delta, steps)
+
+    def record(self, federation_id: str, history: Sequence[tuple[float, float, int]]) -> None:
+        """Set one federation's releases and write the ledger atomically."""
+        from fedbn_med.checkpoint import write_text_atomic
+
+        self.federations[federation_id] = [(float(s), float(q), int(n)) for s, q, n in history]
+        write_text_atomic(self.path, json.dumps(
+            {"site": self.site, "federations": {k: [list(h) for h in v]
+                                                for k, v in self.federations.items()}},
+            indent=1))

@@ -21,11 +21,28 @@ def _fmt(value: float, pct: bool) -> str:
     return f"{100 * value:.1f}" if pct else f"{value:.3f}"
 
 
+#: The epsilons a DP run reports: add/remove (the accountant's) and replace-one patient.
+_EPSILONS = ("dp_epsilon", "dp_epsilon_replace_one")
+
+
+def _epsilon_label(col: str, final: Mapping[str, Mapping[str, float]]) -> str:
+    from fedbn_med.dp_terms import EPSILON_WARNING, NOT_PRIVATE
+
+    name = "epsilon add/remove" if col == "dp_epsilon" else "epsilon replace-one"
+    values = [float(m[col]) for m in final.values() if col in m]
+    notes = ["mean row: max"]
+    if any(v > EPSILON_WARNING for v in values):
+        notes.append(f"above {EPSILON_WARNING:g}: weak")
+    if any(float(m.get("dp_seeded", 0.0)) for m in final.values()):
+        notes.append(NOT_PRIVATE)
+    return f"{name} ({'; '.join(notes)})"
+
+
 def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
     """Return the columns of a results table: every test metric but the loss, the epsilon a
     DP site spent, then size."""
     first = next(iter(final.values()), {})
-    dp = ("dp_epsilon",) if any("dp_epsilon" in m for m in final.values()) else ()
+    dp = tuple(k for k in _EPSILONS if any(k in m for m in final.values()))
     return (*[k for k in first if k.startswith("test_") and k != "test_loss"], *dp,
             "num_examples")
 
@@ -36,7 +53,7 @@ def site_table(
                               "test_f1", "num_examples"),
 ) -> str:
     """Return a markdown table with one row per site and a mean row (rates in %)."""
-    header = ["site", *["epsilon (mean row: max)" if c == "dp_epsilon" else
+    header = ["site", *[_epsilon_label(c, final) if c in _EPSILONS else
                         c.replace("test_", "") for c in columns]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for site in final:
@@ -44,7 +61,7 @@ def site_table(
         for col in columns:
             value = final[site].get(col, math.nan)
             row.append(str(int(value)) if col == "num_examples"
-                       else _fmt(value, col != "dp_epsilon"))
+                       else _fmt(value, col not in _EPSILONS))
         lines.append("| " + " | ".join(row) + " |")
     mean_row = ["mean"]
     for col in columns:
@@ -52,7 +69,7 @@ def site_table(
         vals = [v for v in vals if not math.isnan(v)]
         if col == "num_examples":
             mean_row.append(str(int(sum(vals))) if vals else "n/a")
-        elif col == "dp_epsilon":  # the federation's worst case, not a mean
+        elif col in _EPSILONS:  # the federation's worst case, not a mean
             mean_row.append(_fmt(max(vals), False) if vals else "n/a")
         else:
             mean_row.append(_fmt(float(np.mean(vals)), True) if vals else "n/a")

@@ -121,6 +121,9 @@ class RunSpec:
         undefined is refused.
     dp_delta : float
         The delta of the (epsilon, delta) each site reports.
+    dp_seeded_noise : bool
+        Draw the DP noise from the run's seed, so that an experiment repeats exactly:
+        NOT private (anyone with the seed can subtract the noise), and labelled so.
     weighting : str
         How the server averages the shared weights: ``"samples"`` (by each site's
         training examples, FedAvg's rule) or ``"equal"`` (every site alike, as the FedBN
@@ -153,6 +156,7 @@ class RunSpec:
     dp_clip: float | None = None
     dp_noise: float | None = None
     dp_delta: float = 1e-5
+    dp_seeded_noise: bool = False
     weighting: str = "samples"
     bn_init: str = "data"
     threads: int = 1
@@ -163,7 +167,12 @@ class RunSpec:
             raise TypeError(
                 f"settings of a '{self.task}' run must be {module.Settings.__qualname__}, got "
                 f"{type(self.settings).__name__}.")
-        get_strategy(self.strategy, self.mu)  # validates the name and mu
+        features = get_strategy(self.strategy, self.mu).features  # validates name and mu
+        offered = getattr(module, "FEATURE_TRANSFORMS", ())
+        if features is not None and features not in offered:
+            raise ValueError(f"Strategy '{self.strategy}' harmonises input features "
+                             f"({features}), which task '{self.task}' does not offer (its "
+                             f"feature transforms: {', '.join(offered) or 'none'}).")
         for name, valid in (("weighting", WEIGHTINGS), ("bn_init", BN_INITS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
@@ -172,6 +181,9 @@ class RunSpec:
             _positive_int(name, getattr(self, name))
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        if not 0 <= self.seed <= 2**32 - 1:
+            raise ValueError(f"seed must be from 0 to 2**32 - 1 ({2**32 - 1}), the seeds numpy's "
+                             f"generators take, got {self.seed!r}.")
         if not isinstance(self.fold, int) or not 0 <= self.fold < self.n_folds:
             raise ValueError(f"fold must be in 0..{self.n_folds - 1}, got {self.fold!r}.")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
@@ -188,7 +200,14 @@ class RunSpec:
         self._check_privacy()
 
     def _check_privacy(self) -> None:
+        if not isinstance(self.dp_seeded_noise, bool):
+            raise ValueError(f"dp_seeded_noise must be true or false, got "
+                             f"{self.dp_seeded_noise!r}.")
         if self.dp_clip is None and self.dp_noise is None:
+            if self.dp_seeded_noise:
+                raise ValueError("dp_seeded_noise seeds the noise of client-level DP, and "
+                                 "this run has none: give --dp-clip and --dp-noise too, or "
+                                 "leave out --dp-seeded-noise.")
             if self.dp_delta != 1e-5:
                 UpdatePrivacy(clip=1.0, noise=1.0, delta=self.dp_delta)  # validates delta
             return
@@ -246,7 +265,8 @@ class RunSpec:
         """Return the run's client-level DP settings, or None when DP is off."""
         if self.dp_clip is None or self.dp_noise is None:
             return None
-        return UpdatePrivacy(clip=self.dp_clip, noise=self.dp_noise, delta=self.dp_delta)
+        return UpdatePrivacy(clip=self.dp_clip, noise=self.dp_noise, delta=self.dp_delta,
+                             seeded=self.dp_seeded_noise)
 
     @property
     def label(self) -> str:

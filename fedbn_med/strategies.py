@@ -10,6 +10,12 @@ term; FedBN with FedProx is ``FedBN(mu=0.01)``; SCAFFOLD is FedAvg with control 
 (``controls``) on the exchanged parameters, and FedBN with SCAFFOLD keeps BN home, so its
 BN layers have no control variate. Adding a strategy means one class here and one entry
 in :data:`STRATEGIES`.
+
+Baselines that isolate FedBN's mechanism: SiloBN shares the BN layers' affine weight and
+bias and keeps only their running statistics home; ``fedavg_localbn`` trains exactly as
+FedAvg and scores the shared model after each site re-estimates the BN running statistics
+on its own training data; ``fedavg_sitez`` and ``fedavg_combat`` are FedAvg on features
+harmonised per site (the task applies ``features``; only tabular-feature tasks offer it).
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ __all__ = [
     "FedAvg",
     "FedBN",
     "FedBNScaffold",
+    "FedAvgCombat",
+    "FedAvgLocalBN",
+    "FedAvgSiteZ",
     "FedProx",
     "Scaffold",
+    "SiloBN",
     "SingleSet",
     "Strategy",
     "get_strategy",
@@ -53,6 +63,10 @@ class Strategy:
     exchanges: ClassVar[bool] = True
     pooled: ClassVar[bool] = False
     controls: ClassVar[bool] = False
+    #: Score after re-estimating the BN running statistics on the site's training data.
+    site_bn_at_score: ClassVar[bool] = False
+    #: A feature transform the task applies to every site's data (None: the task's own).
+    features: ClassVar[str | None] = None
     mu: float = 0.0
 
     def __post_init__(self) -> None:
@@ -142,6 +156,53 @@ class FedBNScaffold(FedBN):
 
 
 @dataclass(frozen=True)
+class SiloBN(FedAvg):
+    """Share the BN layers' weight and bias; keep their running statistics at each site.
+
+    SiloBN (Andreux et al., 2020): between FedAvg, which averages every BN tensor, and
+    FedBN, which keeps every BN tensor home. Which keys are statistics is decided by
+    :func:`fedbn_med.partition.partition_model` (BN layers found by type).
+    """
+
+    name: ClassVar[str] = "silobn"
+
+    def exchanged_keys(self, partition: Partition) -> frozenset[str]:
+        """Return every key except the BN running statistics."""
+        partition.require_private(self.name)
+        return partition.all - partition.statistics
+
+
+@dataclass(frozen=True)
+class FedAvgLocalBN(FedAvg):
+    """FedAvg, scored with each site's own BN running statistics.
+
+    Training and aggregation are FedAvg's. Before scoring, a site re-estimates the BN
+    running mean and variance of the shared model on its own training data; the
+    re-estimated statistics stay at the site and are dropped after scoring, so what the
+    site sends next round is FedAvg's update.
+    """
+
+    name: ClassVar[str] = "fedavg_localbn"
+    site_bn_at_score: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class FedAvgSiteZ(FedAvg):
+    """FedAvg on features standardised per site with the site's training statistics."""
+
+    name: ClassVar[str] = "fedavg_sitez"
+    features: ClassVar[str | None] = "site_z"
+
+
+@dataclass(frozen=True)
+class FedAvgCombat(FedAvg):
+    """FedAvg on ComBat-harmonised features, ComBat fitted on training rows only."""
+
+    name: ClassVar[str] = "fedavg_combat"
+    features: ClassVar[str | None] = "combat"
+
+
+@dataclass(frozen=True)
 class SingleSet(Strategy):
     """Train each site on its own data; nothing is exchanged."""
 
@@ -159,7 +220,7 @@ class Centralized(Strategy):
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls for cls in (FedBN, FedAvg, FedProx, Scaffold, FedBNScaffold, SingleSet,
-                              Centralized)
+                              Centralized, SiloBN, FedAvgLocalBN, FedAvgSiteZ, FedAvgCombat)
 }
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,17 +21,22 @@ import torch
 from torch import nn
 
 from fedbn_med.metrics import classification_metrics
-from fedbn_med.partition import partition_model, select
+from fedbn_med.partition import bn_layers, partition_model, select
 from fedbn_med.privacy import UpdatePrivacy
 from fedbn_med.scaffold import CONTROL_PREFIX, SiteControl, split_controls
 from fedbn_med.spec import BN_INITS
 from fedbn_med.strategies import Strategy
 
-__all__ = ["ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed", "resolve_device"]
+__all__ = ["OPTIMISERS", "ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed",
+           "estimate_bn_statistics", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
 Weights = dict[str, torch.Tensor]
+
+#: The local optimisers a trainer offers: plain SGD (the FedBN paper) or Adam (the
+#: published federated ABIDE code, Li et al. 2020: lr 1e-5, weight decay 5e-2).
+OPTIMISERS = ("sgd", "adam")
 
 
 class ShapeMismatchError(ValueError):
@@ -58,13 +64,77 @@ def derive_seed(seed: int, *parts: object) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
+@torch.no_grad()
+def estimate_bn_statistics(model: nn.Module, batches: Iterable[torch.Tensor],
+                           device: torch.device | str = "cpu", *,
+                           only_bn: bool = False) -> bool:
+    """Set every BN layer's running mean and variance from one pass over ``batches``.
+
+    The layers (found by type, :func:`fedbn_med.partition.bn_layers`) are reset and see
+    the batches with a cumulative average (``momentum=None``), in training mode; their
+    momentum and the model's mode are restored afterwards. Batches of one example are
+    skipped (batch norm cannot use them).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any network; a model without BN layers is left as it is.
+    batches : iterable of torch.Tensor
+        Input batches, e.g. a site's training data in training-sized batches.
+    device : torch.device or str
+        Where the model computes.
+    only_bn : bool
+        Put only the BN layers in training mode (dropout and the rest stay in evaluation
+        mode, as when the model is scored); False: the whole model trains, as at the
+        start of training.
+
+    Returns
+    -------
+    bool
+        Whether any BN layer was updated.
+    """
+    layers = bn_layers(model)
+    if not layers:
+        return False
+    saved = [m.momentum for m in layers]
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over this pass
+    modes = [(m, m.training) for m in model.modules()]
+    if only_bn:
+        model.eval()
+        for m in layers:
+            m.train()
+    else:
+        model.train()
+    seen = False
+    try:
+        for batch in batches:
+            if batch.shape[0] >= 2:
+                model(batch.to(device))
+                seen = True
+    finally:
+        for m, momentum in zip(layers, saved):
+            m.momentum = momentum
+        for m, mode in modes:
+            m.training = mode
+    return seen
+
+
 @dataclass(frozen=True)
 class SiteData:
-    """A site's split data as tensors: ``(features, labels)`` for train, val and test."""
+    """A site's split data as tensors: ``(features, labels)`` for train, val and test.
+
+    ``val_groups`` and ``test_groups``, when given, hold for each row the index of the
+    subject it belongs to (several rows per subject, e.g. sliding windows): a subject is
+    then scored once, by the mean of its rows' predicted probabilities.
+    """
 
     train: tuple[torch.Tensor, torch.Tensor]
     val: tuple[torch.Tensor, torch.Tensor]
     test: tuple[torch.Tensor, torch.Tensor]
+    val_groups: torch.Tensor | None = None
+    test_groups: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -108,6 +178,11 @@ class SiteTrainer:
     privacy : UpdatePrivacy, optional
         Client-level DP: every update this site sends is clipped and noised
         (:mod:`fedbn_med.privacy`), and each reply reports the epsilon spent so far.
+    optimiser : {"sgd", "adam"}
+        The local optimiser. Adam's moments live at the site across rounds (they are
+        not part of the site state a restart restores).
+    weight_decay : float
+        L2 penalty added to the gradients (``torch.optim.Adam``'s ``weight_decay``).
 
     Under a strategy with control variates (SCAFFOLD) the site keeps its own variate
     (``control``, a :class:`~fedbn_med.scaffold.SiteControl`) over the exchanged
@@ -130,7 +205,14 @@ class SiteTrainer:
         privacy: UpdatePrivacy | None = None,
         bn_init: str = "default",
         threads: int | None = None,
+        optimiser: str = "sgd",
+        weight_decay: float = 0.0,
     ) -> None:
+        if optimiser not in OPTIMISERS:
+            raise ValueError(f"optimiser must be one of {', '.join(OPTIMISERS)}, got "
+                             f"{optimiser!r}.")
+        if not (weight_decay >= 0 and math.isfinite(weight_decay)):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay}.")
         if bn_init not in BN_INITS:
             raise ValueError(f"bn_init must be one of {', '.join(BN_INITS)}, got {bn_init!r}.")
         if threads is not None and threads < 1:
@@ -152,6 +234,9 @@ class SiteTrainer:
         self.seed = int(seed)
         self.bn_init = bn_init
         self.threads = threads
+        self.optimiser = optimiser
+        self.weight_decay = float(weight_decay)
+        self._adam: torch.optim.Adam | None = None
         self.partition = partition_model(model)
         self.exchanged = strategy.exchanged_keys(self.partition)
         self.rounds_trained = 0
@@ -313,7 +398,7 @@ class SiteTrainer:
                     loss = loss + prox
                 loss.backward()
                 self._correct_gradients()
-                self._sgd_step(params)
+                self._step(params)
                 losses.append(float(loss.detach()))
         return self._end_round(rnd, n, losses)
 
@@ -367,27 +452,44 @@ class SiteTrainer:
         Starting from the site's own statistics changes nothing else: the layers stay
         local under FedBN and train as standard BN afterwards.
         """
-        layers = [m for m in self.model.modules()
-                  if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+        layers = bn_layers(self.model)
         x = self.data.train[0]
         # Only layers that never saw a batch: a resumed or averaged layer keeps its values.
         if not layers or x.shape[0] < 2 or any(int(m.num_batches_tracked) for m in layers):
             return
-        saved = [m.momentum for m in layers]
-        for m in layers:
-            m.reset_running_stats()
-            m.momentum = None  # a cumulative average over this pass
-        was_training = self.model.training
-        self.model.train()
+        estimate_bn_statistics(self.model, self._bn_batches(), self.device)
+
+    def _bn_batches(self) -> Iterator[torch.Tensor]:
+        """Yield the site's training inputs in training-sized batches, in split order.
+
+        What BN statistics are estimated from; a trainer whose data are not tensors (an
+        imaging dataset) overrides it.
+        """
+        x = self.data.train[0]
+        for start in range(0, x.shape[0], self.batch_size):
+            yield x[start:start + self.batch_size]
+
+    @contextmanager
+    def site_bn_statistics(self) -> Iterator[None]:
+        """Score with BN running statistics re-estimated on this site's training data.
+
+        Inside the block every BN layer holds statistics from one pass of the current
+        (shared) model over the site's training data, with only the BN layers in training
+        mode (no dropout, as when scoring); on leaving it the layers' buffers
+        are put back, so the re-estimated statistics never reach an update.
+        """
+        layers = bn_layers(self.model)
+        saved = [{k: v.clone() for k, v in m.state_dict().items()
+                  if k in ("running_mean", "running_var", "num_batches_tracked")}
+                 for m in layers]
         try:
-            for start in range(0, x.shape[0], self.batch_size):
-                batch = x[start:start + self.batch_size]
-                if batch.shape[0] >= 2:
-                    self.model(batch.to(self.device))
+            estimate_bn_statistics(self.model, self._bn_batches(), self.device, only_bn=True)
+            yield
         finally:
-            for m, momentum in zip(layers, saved):
-                m.momentum = momentum
-            self.model.train(was_training)
+            with torch.no_grad():
+                for m, state in zip(layers, saved):
+                    for key, value in state.items():
+                        getattr(m, key).copy_(value)
 
     @torch.no_grad()
     def _correct_gradients(self, scale: float = 1.0) -> None:
@@ -410,10 +512,16 @@ class SiteTrainer:
         sent = self.shared_weights()
         metrics = {"train_loss": train_loss}
         if self.privacy is not None:
-            sent = self.privacy.privatize(sent, self._start)
+            from fedbn_med.dp_terms import noise_generator, replace_one_epsilon
+
+            sent = self.privacy.privatize(sent, self._start, noise_generator(
+                self.privacy, self.seed, self.site, rnd))
             self._record_release()
             metrics.update(dp_epsilon=self._spent(), dp_delta=self.privacy.delta,
-                           dp_noise=self.privacy.noise, dp_clip=self.privacy.clip)
+                           dp_noise=self.privacy.noise, dp_clip=self.privacy.clip,
+                           dp_epsilon_replace_one=replace_one_epsilon(self.dp_history,
+                                                                      self.privacy.delta),
+                           dp_seeded=float(self.privacy.seeded))
         if self.control is not None:
             self.control_delta = self.control.update(self._start, sent, self._server_control,
                                                      self._steps, self.lr)
@@ -433,12 +541,23 @@ class SiteTrainer:
         assert self.privacy is not None
         return epsilon(0.0, 0, self.privacy.delta, self.dp_history)
 
+    def _step(self, params: list[torch.nn.Parameter]) -> None:
+        if self.optimiser == "adam":
+            if self._adam is None:
+                self._adam = torch.optim.Adam(params, lr=self.lr,
+                                              weight_decay=self.weight_decay)
+            self._adam.step()
+        else:
+            self._sgd_step(params)
+
     @torch.no_grad()
     def _sgd_step(self, params: list[torch.nn.Parameter]) -> None:
         # Plain SGD, as in the paper; written out because the first torch.optim optimiser
         # of a process imports torch._dynamo, which costs seconds at every site start.
         for p in params:
             if p.grad is not None:
+                if self.weight_decay:
+                    p.grad.add_(p, alpha=self.weight_decay)
                 p.add_(p.grad, alpha=-self.lr)
 
     @torch.no_grad()
@@ -452,13 +571,24 @@ class SiteTrainer:
         return torch.cat(out) if out else torch.empty(0)
 
     @torch.no_grad()
-    def _score(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    def _score(self, x: torch.Tensor, y: torch.Tensor,
+               groups: torch.Tensor | None = None) -> dict[str, float]:
         self.model.eval()
         logits = torch.cat([self.model(x[s:s + 512].to(self.device)).cpu()
                             for s in range(0, x.shape[0], 512)])
-        loss = float(nn.functional.cross_entropy(logits, y))
-        prob = torch.softmax(logits, dim=1)[:, 1].numpy()
-        return classification_metrics(y.numpy(), prob, loss)
+        if groups is None:
+            loss = float(nn.functional.cross_entropy(logits, y))
+            prob = torch.softmax(logits, dim=1)[:, 1].numpy()
+            return classification_metrics(y.numpy(), prob, loss)
+        # One score per subject: the mean of its rows' (windows') probabilities.
+        _, inverse = torch.unique(groups, return_inverse=True)
+        n = int(inverse.max()) + 1
+        probs = torch.zeros(n, logits.shape[1], dtype=torch.float64).index_add_(
+            0, inverse, torch.softmax(logits.double(), dim=1))
+        probs /= torch.bincount(inverse, minlength=n).unsqueeze(1)
+        labels = torch.zeros(n, dtype=torch.int64).scatter_(0, inverse, y)
+        loss = float(nn.functional.nll_loss(torch.log(probs.clamp_min(1e-12)), labels))
+        return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss)
 
     def score(self, data: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Load the given global weights and score the validation and test splits.
@@ -467,10 +597,14 @@ class SiteTrainer:
         """
         self.load_shared(data or {})
         metrics: dict[str, float] = {}
-        for split in ("val", "test"):
-            x, y = getattr(self.data, split)
-            if x.shape[0] == 0:
-                continue
-            for name, value in self._score(x, y).items():
-                metrics[f"{split}_{name}"] = value
+        with (self.site_bn_statistics() if self.strategy.site_bn_at_score
+              else nullcontext()):
+            for split in ("val", "test"):
+                x, y = getattr(self.data, split)
+                if x.shape[0] == 0:
+                    continue
+                groups = getattr(self.data, f"{split}_groups")
+                for name, value in self._score(x, y, groups).items():
+                    metrics[f"{split}_{name}"] = value
         return metrics
+

@@ -3,6 +3,8 @@
 Input: fMRIPrep-style derivatives (sub-*/func/*_space-MNI152*_desc-preproc_bold.nii.gz,
 confounds, sidecars, participants.tsv) or ABIDE *_func_preproc.nii.gz files with their
 phenotypic CSV. Output: <out>/ABIDE_pcp/ (PCP rois_ho layout) and <out>/<SITE>.toml.
+Real scans need --atlas (PCP's ho_mask_pad.nii.gz); --stand-in-atlas runs on the built-in
+stand-in instead, for trials on synthetic scans, and marks everything it writes as such.
 """
 
 from __future__ import annotations
@@ -25,18 +27,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-detrend", action="store_true", help="skip linear detrending")
     p.add_argument("--no-band-pass", action="store_true", help="skip the 0.01-0.1 Hz band-pass")
     p.add_argument("--tr", type=float, help="TR (s) for images with none in sidecar or header")
-    p.add_argument("--atlas", type=Path, help="HO label image (default: the shipped 6 mm one)")
+    atlas = p.add_mutually_exclusive_group()
+    atlas.add_argument("--atlas", type=Path, help="Harvard-Oxford label image (ho_mask_pad.nii.gz)")
+    atlas.add_argument("--stand-in-atlas", action="store_true",
+                       help="use the built-in 6 mm stand-in (synthetic scans only; marked)")
     p.add_argument("--phenotypic", type=Path, help="phenotypic CSV of ABIDE func_preproc input")
     p.add_argument("--institution", default="", help="written into the site file")
     args = p.parse_args(argv)
+    if args.atlas is None and not args.stand_in_atlas:
+        p.error("no --atlas: ROI series of real scans need the Harvard-Oxford image of PCP "
+                "rois_ho (ho_mask_pad.nii.gz from the ABIDE Preprocessed release). Pass "
+                "--atlas FILE, or --stand-in-atlas for synthetic scans (output marked stand-in).")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     site = args.site or "".join(c for c in args.bids.resolve().name.upper() if c.isalnum())
     cleaning = Cleaning.off() if args.no_clean else Cleaning(
         confounds=not args.no_confounds, detrend=not args.no_detrend,
         band_pass=None if args.no_band_pass else (0.01, 0.1))
-    report = extract_site(args.bids, args.out, site=site, cleaning=cleaning, atlas=args.atlas,
-                          tr=args.tr, phenotypic=args.phenotypic,
-                          institution=args.institution)
+    try:
+        report = extract_site(args.bids, args.out, site=site, cleaning=cleaning,
+                              atlas=args.atlas, tr=args.tr, phenotypic=args.phenotypic,
+                              institution=args.institution)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"fmri_to_rois: {err}") from None
     n = len(report.written) + len(report.skipped)
     print(f"\n{site}: {len(report.written)} of {n} subjects written to "
           f"{report.data_dir}/ABIDE_pcp (cleaning: {cleaning.describe()}); "

@@ -29,7 +29,8 @@ SITES = ["NYU", "USM", "UM", "UCLA"]
 # script: (header cells that must appear, first cells of the body rows in order)
 EXPECTED = {
     "paper_table": ([*SITES, "mean"],
-                    ["SingleSet", "FedAvg", "FedProx", "FedBN", "Centralized"]),
+                    ["SingleSet", "FedAvg", "FedProx", "FedBN", "Centralized",
+                     "Majority class", "Motion only (mean FD)"]),
     "convergence": (["FedBN loss", "FedAvg loss", "FedProx loss", "FedBN acc (%)",
                      "FedAvg acc (%)", "FedProx acc (%)"], ["1", "2", "4"]),
     "local_epochs": (["rounds", "FedBN (%)", "FedAvg (%)", "FedProx (%)",

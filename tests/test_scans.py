@@ -162,7 +162,7 @@ def test_abide_func_preproc_layout_through_the_cli(tmp_path, capsys):
     pd.DataFrame(rows).to_csv(folder / "Phenotypic_V1_0b_preprocessed1.csv")
     assert find_scans(folder, "OLIN")[0] == "abide"
     main(["--bids", str(folder), "--out", str(tmp_path / "out"), "--site", "OLIN",
-          "--no-clean"])
+          "--no-clean", "--stand-in-atlas"])
     assert "OLIN: 4 of 4 subjects written" in capsys.readouterr().out
     features = load_site_features(tmp_path / "out", "OLIN", use_cache=False)
     assert features.subject_ids == (51461, 51462, 51463, 51464)

@@ -26,8 +26,9 @@ def test_round_trip_through_json_and_the_run_config(task, tmp_path):
 def test_task_defaults_come_from_the_task():
     mri = RunSpec.for_task("mri")
     assert mri.sites == ("SiteA", "SiteB", "SiteC") and mri.lr == 1e-3
-    assert mri.input_shape() == (1, 64, 64)
-    assert RunSpec.for_task("mri", image_size=32).input_shape() == (1, 32, 32)
+    assert mri.input_shape() == (1, 32, 32, 32)  # a 3D patch
+    assert RunSpec.for_task("mri", image_size=16).input_shape() == (1, 16, 16, 16)
+    assert RunSpec.for_task("mri", mode="2d", image_size=32).input_shape() == (1, 32, 32)
     assert RunSpec() == RunSpec.for_task("abide")
     assert RunSpec().input_shape() == (6105,)
 

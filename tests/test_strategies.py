@@ -71,8 +71,10 @@ def test_get_strategy_lists_valid_names():
     assert isinstance(get_strategy("FedBN"), FedBN)
     assert get_strategy("fedprox", mu=0.1).mu == 0.1
     with pytest.raises(ValueError, match=r"Unknown strategy 'fedbm'\. Valid strategies: "
-                                         r"centralized, fedavg, fedbn, fedbn-scaffold, fedprox, scaffold, "
-                                         r"singleset\."):
+                                         r"centralized, fedavg, fedavg_combat, fedavg_localbn, "
+                                         r"fedavg_sitez, fedbn, fedbn-scaffold, fedprox, "
+                                         r"scaffold, silobn, singleset\."):
         get_strategy("fedbm")
     assert set(STRATEGIES) == {"fedbn", "fedavg", "fedprox", "singleset", "centralized",
-                               "scaffold", "fedbn-scaffold"}
+                               "scaffold", "fedbn-scaffold", "silobn", "fedavg_localbn",
+                               "fedavg_sitez", "fedavg_combat"}

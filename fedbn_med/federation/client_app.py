@@ -1,32 +1,60 @@
 """The ClientApp: one site's :class:`SiteTrainer` behind Flower messages.
 
 The site is named by the node config (:class:`~fedbn_med.federation.config.NodeSettings`);
-the run config carries the :class:`~fedbn_med.spec.RunSpec`. A site sends only the keys its strategy exchanges: under FedBN never a
-normalisation-layer tensor. Whatever the site keeps (its BN layers; under SingleSet its
-whole model) is saved after every round, atomically, in the node's ``state-dir``, so a
-restarted site resumes with its own state and a runtime that starts a fresh process per
-message still sees it.
+the run config carries the :class:`~fedbn_med.spec.RunSpec` (a site's view of it: where
+its data lie is the site's own setting, never the server's). A site sends only the keys
+its strategy exchanges: under FedBN never a normalisation-layer tensor. Whatever the site
+keeps (its BN layers; under SingleSet its whole model) is saved after every round,
+atomically, in the node's ``state-dir``, so a restarted site resumes with its own state
+and a runtime that starts a fresh process per message still sees it.
+
+A score (the evaluation of a model on the site's own validation and test data) depends
+on the site's private layers, so a server that chose the weights could read those layers
+back from the scores. A site therefore scores only models it can account for:
+
+- the aggregate of a round it took part in, once: in the next round's train message
+  (``evaluate-first``, the very weights it then trains from) or in the final evaluate
+  message of that round; never a round it did not train, nor one already scored (across
+  runs of the federation too: the last round scored is in its state file);
+- at most ``max_scores_per_run`` scores per federation (its site file, default 500);
+- at bounded precision (:data:`SCORE_DECIMALS` decimals, losses capped at
+  :data:`MAX_LOSS`);
+- under client-level DP, not at all: the DP budget covers the updates, not the scores.
+
+Its DP spending is kept across federations (:class:`~fedbn_med.privacy.PrivacyLedger`,
+``<state-dir>/<site>.dp_ledger.json``); a run, or a round, that would take it above the site
+file's ``dp_epsilon_max`` is refused.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
-from fedbn_med.federation.config import NodeSettings, read_run_config
+from fedbn_med.federation.config import NodeSettings, read_site_config
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.partition import select
+from fedbn_med.privacy import PrivacyLedger
 from fedbn_med.rounds import plan_round
 from fedbn_med.scaffold import join_controls, split_controls
 from fedbn_med.tasks import get_task
+from fedbn_med.tasks.site_toml import SitePolicy, site_policy
 from fedbn_med.trainer import SiteTrainer
 
-__all__ = ["SiteRuntime", "app"]
+__all__ = ["MAX_LOSS", "SCORE_DECIMALS", "SiteRuntime", "app", "bounded"]
+
+#: Decimals a score or a training loss leaves the site with.
+SCORE_DECIMALS = 4
+#: The largest loss a site reports; above it, the value says only "at least this".
+MAX_LOSS = 100.0
+#: Trained rounds a site's state file remembers (a restarted site may score their models).
+_KEEP_TRAINED = 16
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +63,19 @@ app = ClientApp()
 
 @dataclass
 class SiteRuntime:
-    """A site's trainer and where its kept state lives, built once per run."""
+    """A site's trainer, where its kept state lives, and what it has released, per run."""
 
     trainer: SiteTrainer
     state_path: Path
     setups: int = 1
+    federation_id: str = "default"
+    policy: SitePolicy = field(default_factory=SitePolicy)
+    ledger: PrivacyLedger | None = None
+    #: rounds this site trained in this federation that it can vouch for
+    trained: set[int] = field(default_factory=set)
+    #: the last aggregate round it scored, and how many scores it sent (this federation)
+    scored_through: int = 0
+    scores: int = 0
 
     @property
     def kept_keys(self) -> frozenset[str]:
@@ -53,13 +89,17 @@ class SiteRuntime:
     def save(self, rnd: int) -> str:
         """Persist the kept state after a round; return its hash.
 
-        With it go the site's SCAFFOLD control variate and the DP it has spent, so that a
-        restarted site neither forgets its variate nor counts its epsilon from zero.
+        With it go the site's SCAFFOLD control variate, the DP it has spent and the scores
+        it has sent, so that a restarted site neither forgets its variate nor counts its
+        epsilon or its scores from zero.
         """
         kept = select(self.trainer.model.state_dict(), self.kept_keys)
         extra, meta = self.trainer.site_state()
         save_tensors(self.state_path, {**kept, **extra},
-                     {"round": rnd, "site": self.trainer.site, **meta})
+                     {"round": rnd, "site": self.trainer.site, **meta,
+                      "scored_through": self.scored_through, "scores": self.scores,
+                      # the rounds it can vouch for after a restart (the latest few)
+                      "trained": sorted(self.trained)[-_KEEP_TRAINED:]})
         return state_hash(kept)
 
     def restore(self) -> int:
@@ -67,14 +107,127 @@ class SiteRuntime:
         if not self.state_path.exists():
             return 0
         tensors, meta = load_tensors(self.state_path)
+        rnd, scored_through, scores = (_count(meta, key, self.state_path)
+                                       for key in ("round", "scored_through", "scores"))
+        _check_history(meta.get("dp_history"), self.state_path)
+        trained = meta.get("trained", [])
+        if not isinstance(trained, list) or not all(
+                isinstance(r, int) and not isinstance(r, bool) and 0 < r <= rnd for r in trained):
+            raise ValueError(f"Site state file {self.state_path}: 'trained' must list rounds "
+                             f"from 1 to its round {rnd}, got {trained!r}. This is not a file "
+                             "the site wrote.")
         tensors, controls = split_controls(tensors)
         self.trainer._load(tensors, allowed=self.kept_keys)
         self.trainer.load_site_state(join_controls({}, controls), meta)
-        rnd = int(meta.get("round", 0))  # type: ignore[call-overload]
         self.trainer.rounds_trained = rnd
+        self.trained = set(trained) | ({rnd} if rnd > 0 else set())
+        self.scored_through, self.scores = scored_through, scores
         logger.info("Site %s resumed its private state of round %d from %s",
                     self.trainer.site, rnd, self.state_path)
         return rnd
+
+    # -- what leaves the site ------------------------------------------------------------
+    def score_refusal(self, aggregate_round: int) -> str | None:
+        """Return why the global model of ``aggregate_round`` is not scored (None: it is)."""
+        site = self.trainer.site
+        if self.trainer.privacy is not None:
+            return (f"site {site} sends no scores under client-level DP (its DP budget covers "
+                    "its updates, not its scores)")
+        if aggregate_round not in self.trained:
+            return (f"site {site} scores only the aggregate of a round it took part in; it "
+                    f"did not train round {aggregate_round} of federation "
+                    f"'{self.federation_id}' (it trained {sorted(self.trained) or 'none'})")
+        if aggregate_round <= self.scored_through:
+            return (f"site {site} already scored round {self.scored_through}'s model; each "
+                    "round's model is scored once")
+        if self.scores >= self.policy.max_scores:
+            return (f"site {site} has sent its {self.policy.max_scores} scores of this "
+                    f"federation (max_scores_per_run in "
+                    f"{self.policy.path or 'its defaults'})")
+        return None
+
+    def score(self, weights: dict, aggregate_round: int) -> dict[str, float]:
+        """Score ``weights`` as the aggregate of ``aggregate_round``; count it; bound it."""
+        scores = bounded(self.trainer.score(weights))
+        self.scored_through = aggregate_round
+        self.scores += 1
+        return scores
+
+    def check_budget(self, rounds: int) -> None:
+        """Refuse a run whose releases would take the site's epsilon above its ceiling."""
+        ceiling, trainer = self.policy.epsilon_max, self.trainer
+        if ceiling is None or not trainer.exchanged:
+            return
+        if trainer.privacy is None:
+            raise PermissionError(_refused(
+                f"Site {trainer.site} refuses this run: its site file {self.policy.path} caps "
+                f"its DP epsilon at dp_epsilon_max = {ceiling:g}, and this run would send "
+                "its updates without DP (give the run --dp-clip and --dp-noise, or the site "
+                "file dp_clip and dp_noise)."))
+        assert self.ledger is not None
+        privacy = trainer.privacy
+        left = max(0, rounds - trainer.rounds_trained)
+        planned = [*trainer.dp_history, (privacy.noise, 1.0, left)]
+        before = self.ledger.spent(privacy.delta, trainer.dp_history,
+                                   exclude=self.federation_id)
+        after = self.ledger.spent(privacy.delta, planned, exclude=self.federation_id)
+        if after > ceiling:
+            raise PermissionError(_refused(
+                f"Site {trainer.site} refuses this run: it has spent epsilon {before:.2f} over "
+                f"its federations ({self.ledger.path}), and {left} more rounds at dp_noise "
+                f"{privacy.noise:g} would bring it to {after:.2f}, above its ceiling "
+                f"dp_epsilon_max = {ceiling:g} ({self.policy.path})."))
+
+    def check_release(self) -> None:
+        """Refuse one more DP release when it would cross the site's ceiling."""
+        ceiling, trainer = self.policy.epsilon_max, self.trainer
+        if ceiling is None or trainer.privacy is None:
+            return
+        assert self.ledger is not None
+        one_more = [*trainer.dp_history, (trainer.privacy.noise, 1.0, 1)]
+        after = self.ledger.spent(trainer.privacy.delta, one_more, exclude=self.federation_id)
+        if after > ceiling:
+            raise PermissionError(_refused(
+                f"Site {trainer.site} refuses to train: one more round would bring its epsilon "
+                f"to {after:.2f}, above its ceiling dp_epsilon_max = {ceiling:g} "
+                f"({self.policy.path})."))
+
+    def record_release(self) -> None:
+        """Write this federation's DP releases to the site's ledger."""
+        if self.ledger is not None and self.trainer.privacy is not None:
+            self.ledger.record(self.federation_id, self.trainer.dp_history)
+
+
+def bounded(metrics: dict[str, float]) -> dict[str, float]:
+    """Return scores as they leave a site: rounded, losses capped at :data:`MAX_LOSS`."""
+    out = {}
+    for key, value in metrics.items():
+        value = float(value)
+        if key.endswith("loss") and math.isfinite(value):
+            value = min(value, MAX_LOSS)
+        out[key] = round(value, SCORE_DECIMALS) if math.isfinite(value) else value
+    return out
+
+
+def _count(meta: dict[str, object], key: str, path: Path) -> int:
+    value = meta.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"Site state file {path}: '{key}' must be a whole number >= 0, got {value!r}. "
+            "This is not a file the site wrote; move it away to start this federation's "
+            "state afresh.")
+    return value
+
+
+def _check_history(history: object, path: Path) -> None:
+    ok = history is None or (isinstance(history, list) and all(
+        isinstance(h, list) and len(h) == 3
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in h)
+        for h in history))
+    if not ok:
+        raise ValueError(
+            f"Site state file {path}: 'dp_history' must be a list of [noise, sample_rate, "
+            f"releases], got {history!r}. This is not a file the site wrote.")
 
 
 _RUNTIMES: dict[tuple[int, str], SiteRuntime] = {}
@@ -86,20 +239,31 @@ def runtime(context: Context) -> SiteRuntime:
     node = NodeSettings.from_node_config(context.node_config)
     key = (context.run_id, node.site)
     if key not in _RUNTIMES:
-        config, server = read_run_config(context.run_config)
+        # The spec without any path: the data are the node's own (--data-dir), else its
+        # site file's, else the built-in data; nothing the server says names a path here.
+        config, federation_id = read_site_config(context.run_config)
+        policy = site_policy(node.site, config.task)
+        state_path = node.state_path(federation_id)
+        ledger = PrivacyLedger(Path(node.state_dir) / f"{node.site}.dp_ledger.json", node.site)
         task = get_task(config.task)
         trainer = task.build_site(node.site, config, node.data_dir, node.device)
         # The site's own policy, on the keys its strategy would actually send.
         if trainer.exchanged & trainer.partition.private and not node.share_private:
             raise PermissionError(_refusal(node.site, config.strategy))
-        state_path = node.state_path(server.federation_id)
-        rt = SiteRuntime(trainer=trainer, state_path=state_path)
+        rt = SiteRuntime(trainer=trainer, state_path=state_path, federation_id=federation_id,
+                         policy=policy, ledger=ledger)
         rt.restore()
+        rt.check_budget(config.rounds)
         _SETUPS["count"] += 1
         rt.setups = _SETUPS["count"]
         _RUNTIMES.clear()  # one run at a time per site process
         _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _refused(reason: str) -> str:
+    logger.error(reason)
+    return reason
 
 
 def _refusal(site: str, strategy: str) -> str:
@@ -137,12 +301,21 @@ def train(msg: Message, context: Context) -> Message:
     weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
-        # exactly what the site would have scored right after that round's aggregation.
-        sections["eval"] = _numbers(rt.trainer.score(weights))
+        # exactly what the site would have scored right after that round's aggregation,
+        # and the weights it now trains from.
+        refusal = rt.score_refusal(rnd - 1)
+        if refusal is None:
+            sections["eval"] = rt.score(weights, rnd - 1)
+        else:
+            logger.info("Round %d: no scores sent: %s", rnd, refusal)
+    rt.check_release()
     epochs = cfg.get("local-epochs")
     plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
     weights, n, fit = rt.trainer.fit(weights, plan.trainer_config(), control)
+    rt.record_release()
+    rt.trained.add(rnd)
     digest = rt.save(rnd)
+    fit = {k: bounded({k: v})[k] if k == "train_loss" else v for k, v in fit.items()}
     sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
@@ -151,9 +324,26 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Score the global weights on this site's validation and test splits."""
+    """Score the final global weights on this site's validation and test splits.
+
+    Only the aggregate of a round the site trained, once (see the module's docstring);
+    under DP the reply carries no scores.
+    """
     rt = runtime(context)
-    metrics = rt.trainer.score(split_controls(unpack(msg.content).tensors)[0])
+    payload = unpack(msg.content)
+    rnd = payload.section("config").get("round", -1)
+    if isinstance(rnd, bool) or not isinstance(rnd, int):
+        raise ValueError(f"Site {rt.trainer.site} refuses an evaluate message whose round is "
+                         f"{rnd!r}: expected the round of the model it carries.")
+    refusal = rt.score_refusal(rnd)
+    if refusal is not None and rt.trainer.privacy is not None:
+        logger.info("Final evaluation: no scores sent: %s", refusal)
+        return Message(pack(metrics={}), reply_to=msg)
+    if refusal is not None:
+        raise PermissionError(_refused(f"Refused to score the model of an evaluate message: "
+                                       f"{refusal}."))
+    metrics = rt.score(split_controls(payload.tensors)[0], rnd)
+    rt.save(rt.trainer.rounds_trained)
     return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
 
 

@@ -1,9 +1,15 @@
 """What Flower carries for us: one JSON value in the run config, one in the node config.
 
-The run config holds ``{"fedbn-med": "<json>"}`` with the :class:`~fedbn_med.spec.RunSpec`
-(what to train) and the :class:`ServerSettings` (how the server runs it); a site's node
-config holds ``{"fedbn-med": "<json>"}`` with its :class:`NodeSettings`. Each is parsed
-and validated once, by :func:`read_run_config` and :meth:`NodeSettings.from_node_config`.
+Flower sends a run's config to every site. So what the launcher submits
+(:func:`seal_run_config`) holds only what a site needs to train: the
+:class:`~fedbn_med.spec.RunSpec` without any path (where a site's data lie is the site's
+own decision) and the federation's id (which names the site's state folder). The
+:class:`ServerSettings` (workdir, tracking URI, the node-to-site map) stay on the server's
+host, in a file under ``$FLWR_HOME`` that the run config names by a random token only.
+
+A site's node config holds ``{"fedbn-med": "<json>"}`` with its :class:`NodeSettings`.
+Each is parsed and validated once: the server's view by :func:`read_run_config`, a site's
+by :func:`read_site_config`, a node's by :meth:`NodeSettings.from_node_config`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +27,13 @@ from typing import Any
 
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 
-__all__ = ["NodeSettings", "ServerSettings", "read_run_config", "run_config"]
+__all__ = ["NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
+           "run_config", "seal_run_config"]
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: Folder under ``$FLWR_HOME`` where sealed server settings wait for their ServerApp.
+SEALED_DIR = "fedbn-med-server"
+_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 def _load_json(cfg: Mapping[str, object], what: str) -> dict[str, Any]:
@@ -136,18 +148,91 @@ class ServerSettings:
 
 
 def run_config(spec: RunSpec, server: ServerSettings) -> dict[str, str]:
-    """Return the Flower run config that carries ``spec`` and ``server``."""
+    """Return the run config that carries ``spec`` and ``server`` (before sealing).
+
+    This is the server's view, as the launcher receives it; what Flower sends to the
+    sites is :func:`seal_run_config` of it.
+    """
     return {RUN_CONFIG_KEY: json.dumps({"run": spec.to_dict(), "server": server.to_dict()},
                                        sort_keys=True)}
 
 
-def read_run_config(cfg: Mapping[str, object]) -> tuple[RunSpec, ServerSettings]:
-    """Parse and validate Flower's run config into the run spec and the server settings."""
+def site_view(spec: RunSpec) -> RunSpec:
+    """Return the spec as a site sees it: no path of the server's (``data_dir`` unset)."""
+    return spec.replace(data_dir=None) if spec.data_dir is not None else spec
+
+
+def seal_run_config(cfg: Mapping[str, object], flwr_home: Path) -> dict[str, str]:
+    """Keep the server's settings on its host; return the run config the sites may see.
+
+    The full config (spec and :class:`ServerSettings`) goes to a file only its owner can
+    read, ``<flwr_home>/fedbn-med-server/<token>.json``; the returned config carries the
+    site's view of the spec (:func:`site_view`), the federation id and that token. The
+    ServerApp, which runs with the same ``$FLWR_HOME``, reads the file back
+    (:func:`read_run_config`). A config already sealed is returned unchanged.
+    """
     values = _load_json(cfg, "run config")
+    if "server" not in values:
+        return {RUN_CONFIG_KEY: str(cfg[RUN_CONFIG_KEY])}
+    spec, server = read_run_config(cfg)
+    token = secrets.token_hex(16)
+    folder = Path(flwr_home) / SEALED_DIR
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{token}.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(str(cfg[RUN_CONFIG_KEY]))
+    site = {"run": site_view(spec).to_dict(), "federation_id": server.federation_id,
+            "server-token": token}
+    return {RUN_CONFIG_KEY: json.dumps(site, sort_keys=True)}
+
+
+def _sealed(token: object) -> dict[str, Any]:
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise ValueError(f"The run config's server-token must be 32 hex digits, got {token!r}.")
+    home = os.environ.get("FLWR_HOME")
+    if not home:
+        raise ValueError("The run config names sealed server settings, but FLWR_HOME is not "
+                         "set in the ServerApp's environment (it says where they are).")
+    path = Path(home) / SEALED_DIR / f"{token}.json"
+    if not path.is_file():
+        raise ValueError(f"The run config names server settings {path}, which do not exist "
+                         "on this host (runs are submitted by the launcher, which writes "
+                         "them).")
+    return _load_json({RUN_CONFIG_KEY: path.read_text(encoding="utf-8")}, f"server file {path}")
+
+
+def read_run_config(cfg: Mapping[str, object]) -> tuple[RunSpec, ServerSettings]:
+    """Parse and validate the run config into the run spec and the server settings.
+
+    Only the server can: a sealed config (:func:`seal_run_config`) is read back from the
+    server's own file.
+    """
+    values = _load_json(cfg, "run config")
+    if "server-token" in values and "server" not in values:
+        values = _sealed(values["server-token"])
     missing = sorted({"run", "server"} - set(values))
     if missing:
         raise ValueError(f"The run config's '{RUN_CONFIG_KEY}' entry lacks {missing}.")
     return RunSpec.from_dict(values["run"]), ServerSettings.from_dict(values["server"])
+
+
+def read_site_config(cfg: Mapping[str, object]) -> tuple[RunSpec, str]:
+    """Return what a site takes from the run config: the spec (no path) and the federation id.
+
+    Whatever else a config holds is ignored: a site's data lie where the site says, never
+    where the run spec says.
+    """
+    values = _load_json(cfg, "run config")
+    if "run" not in values:
+        raise ValueError(f"The run config's '{RUN_CONFIG_KEY}' entry lacks ['run'].")
+    server = values.get("server")
+    federation_id = (server.get("federation_id", "default") if isinstance(server, dict)
+                     else values.get("federation_id", "default"))
+    if not isinstance(federation_id, str) or not _NAME.fullmatch(federation_id):
+        raise ValueError(f"Refused federation id {federation_id!r} from the server: "
+                         "expected 1-64 letters, digits, '-' or '_'.")
+    return site_view(RunSpec.from_dict(values["run"])), federation_id
 
 
 @dataclass(frozen=True)

@@ -113,17 +113,8 @@ def run_node(
     connected_once = False
     while True:
         wait_time = max_wait_time if not connected_once else reconnect_timeout
-        session = flwr_compat.FleetSession(superlink, insecure=insecure,
-                                           root_certificates=certs,
-                                           authentication_keys=keys, max_wait_time=wait_time)
-        try:
-            node_id = session.open()
-        except ConnectionError as err:
-            what = "reach" if not connected_once else "reconnect to"
-            raise ConnectionError(
-                f"Site '{site}' could not {what} the federation server at {superlink} "
-                f"within {wait_time} s: {err}"
-            ) from err
+        session, node_id = _open_session(superlink, site, insecure, certs, keys, wait_time,
+                                         "reach" if not connected_once else "reconnect to")
         connected_once = True
         logger.info("Site %s connected to %s as node %s", site, superlink, node_id)
         report(NodeReady(site=site, node_id=node_id, pid=os.getpid()))
@@ -145,6 +136,41 @@ def run_node(
             watchdog.start()
             _close_within(session, 5.0)
             raise
+
+
+def _open_session(superlink: str, site: str, insecure: bool, certs: bytes | None, keys,
+                  wait_time: float | None, what: str) -> tuple[flwr_compat.FleetSession, int]:
+    # A site restarted soon after it died finds the SuperLink still holding its earlier
+    # node as online (until two heartbeats are missed, up to a minute): activate-node
+    # answers 412 until then. Ask again until it lets us in, within our wait bound.
+    started = time.monotonic()
+    deadline = None if wait_time is None else started + wait_time
+    while True:
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.1)
+        session = flwr_compat.FleetSession(superlink, insecure=insecure,
+                                           root_certificates=certs,
+                                           authentication_keys=keys, max_wait_time=left)
+        try:
+            return session, session.open()
+        except ConnectionError as err:
+            cause = err.__cause__
+            held = isinstance(cause, httpx.HTTPStatusError) and \
+                cause.response.status_code == 412
+            now = time.monotonic()
+            if held and (deadline is None or now < deadline):
+                logger.info("Site %s: the server still holds this site's earlier connection; "
+                            "asking again", site)
+                time.sleep(2.0 if deadline is None else min(2.0, deadline - now))
+                continue
+            reason = ("the server would not activate this site's node (HTTP 412): it still "
+                      "holds the site's earlier connection (a site restarted within a minute "
+                      "of stopping waits for that to expire), or it does not know the "
+                      "site's key") if held else str(err)
+            bound = "with no time limit" if wait_time is None else f"within {wait_time:g} s"
+            raise ConnectionError(
+                f"Site '{site}' could not {what} the federation server at {superlink} "
+                f"{bound} (it gave up after {time.monotonic() - started:.1f} s): {reason}"
+            ) from err
 
 
 def _close_within(session: flwr_compat.FleetSession, seconds: float) -> None:

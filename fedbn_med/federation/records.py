@@ -14,6 +14,7 @@ for a tensor's bytes in the traffic finds it if, and only if, it was sent.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -85,29 +86,64 @@ def unpack(content: RecordDict) -> Payload:
     ------
     ValueError
         When the content is not a fedbn-med message, or its tensors do not fit their
-        layout (a truncated or tampered message).
+        layout (a truncated or tampered message). Nothing else escapes: whatever a
+        message holds, decoding it fails with a ``ValueError`` that says why, so a
+        server can refuse that one message and go on.
     """
-    record = content.config_records.get(RECORD)
+    try:
+        record = content.config_records.get(RECORD)
+    except Exception as err:  # a content object that is not a RecordDict at all
+        raise ValueError(f"The message content is unreadable ({type(err).__name__}: "
+                         f"{err}).") from err
     if record is None:
         raise ValueError(f"The message has no '{RECORD}' record; it was not sent by "
                          f"fedbn-med (records: {sorted(content.keys())}).")
     payload = Payload()
     layout: dict[str, Scalar] = {}
     for full_key, value in record.items():
-        name, _, key = full_key.partition("/")
+        name, _, key = str(full_key).partition("/")
         if name == _TENSORS:
             layout[key] = value
         else:
             payload.sections.setdefault(name, {})[key] = value
-    payload.tensors = _tensors(layout)
+    try:
+        payload.tensors = _tensors(layout)
+    except ValueError:
+        raise
+    except Exception as err:  # any other failure is still a malformed message
+        raise ValueError(f"The message's tensors cannot be decoded ({type(err).__name__}: "
+                         f"{err}).") from err
     return payload
 
 
+def _names(layout: Mapping[str, Scalar], key: str) -> list[str]:
+    value = layout.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"The message's tensor layout '{key}' must be a list of names, "
+                         f"got {type(value).__name__}.")
+    if len(set(value)) != len(value):
+        raise ValueError(f"The message's tensor layout '{key}' names a tensor twice.")
+    return list(value)
+
+
+def _counts(layout: Mapping[str, Scalar], key: str) -> list[int]:
+    value = layout.get(key, [])
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise ValueError(f"The message's tensor layout '{key}' must be a list of whole "
+                         "numbers >= 0 (ranks and dimensions), got "
+                         f"{str(value)[:60]}.")
+    return list(value)
+
+
 def _tensors(layout: Mapping[str, Scalar]) -> dict[str, torch.Tensor]:
-    floats = [str(k) for k in layout.get("float-keys", [])]  # type: ignore[union-attr]
-    ints = [str(k) for k in layout.get("int-keys", [])]  # type: ignore[union-attr]
-    ndims = [int(n) for n in layout.get("ndims", [])]  # type: ignore[union-attr]
-    dims = [int(d) for d in layout.get("dims", [])]  # type: ignore[union-attr]
+    floats = _names(layout, "float-keys")
+    ints = _names(layout, "int-keys")
+    if set(floats) & set(ints):
+        raise ValueError("The message's tensor layout names a tensor both float and int: "
+                         f"{sorted(set(floats) & set(ints))[:3]}.")
+    ndims = _counts(layout, "ndims")
+    dims = _counts(layout, "dims")
     if len(ndims) != len(floats) + len(ints) or sum(ndims) != len(dims):
         raise ValueError("The message's tensor layout is inconsistent: "
                          f"{len(floats) + len(ints)} names, {len(ndims)} ranks, "
@@ -123,12 +159,13 @@ def _tensors(layout: Mapping[str, Scalar]) -> dict[str, torch.Tensor]:
             (ints, layout.get("int", b""), _INT, shapes[len(floats):], "int")):
         if not isinstance(blob, bytes) or len(blob) % wire.itemsize:
             raise ValueError(f"The message's {kind} tensor bytes are malformed.")
+        # Python integers: a product of huge dimensions cannot wrap around to a small one
+        sizes = [math.prod(s) for s in own_shapes]
+        if sum(sizes) != len(blob) // wire.itemsize:
+            raise ValueError(f"The message carries {len(blob) // wire.itemsize} {kind} values "
+                             f"but its layout describes {sum(sizes)} (truncated or tampered).")
         flat = torch.from_numpy(np.frombuffer(blob, dtype=wire).astype(wire.newbyteorder("="),
                                                                         copy=True))
-        sizes = [int(np.prod(s, dtype=np.int64)) for s in own_shapes]
-        if sum(sizes) != flat.numel():
-            raise ValueError(f"The message carries {flat.numel()} {kind} values but its layout "
-                             f"describes {sum(sizes)} (truncated or tampered).")
         start = 0
         for key, shape, size in zip(keys, own_shapes, sizes):
             out[key] = flat[start:start + size].reshape(shape).clone()

@@ -51,6 +51,10 @@ class Task:
         start, so that several local sites never race to write the same files.
     preload : tuple of str
         Modules a site host imports once before it forks its sites.
+    score_metrics : tuple of str
+        The metrics the task's trainer scores on each split (sent as ``val_<name>`` and
+        ``test_<name>``); a federation server refuses a reply naming any other
+        (:mod:`fedbn_med.federation.server.checks`).
     """
 
     name: str
@@ -62,6 +66,8 @@ class Task:
     build_pooled: Callable[[Mapping[str, SiteTrainer], Any], SiteTrainer] | None = None
     prepare: Callable[[Any], None] | None = None
     preload: tuple[str, ...] = ()
+    # fedbn_med.metrics.classification_metrics's names (SiteTrainer.score)
+    score_metrics: tuple[str, ...] = ("accuracy", "balanced_accuracy", "auc", "f1", "loss")
 
 
 def lazy(target: str, *bound: Any) -> Callable[..., Any]:

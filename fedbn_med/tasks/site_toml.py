@@ -8,9 +8,11 @@ the same for all, and live here.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,15 +26,20 @@ else:  # pragma: no cover - Python 3.10
 if TYPE_CHECKING:
     from fedbn_med.privacy import SitePrivacy
 
-__all__ = ["COMMON_KEYS", "DP_KEYS", "SITE_NAME", "read_site_file", "share_private_layers",
-           "site_path", "site_privacy", "site_seed_and_device", "sites_dir"]
+__all__ = ["COMMON_KEYS", "DEFAULT_MAX_SCORES", "DP_KEYS", "SITE_NAME", "SitePolicy",
+           "read_site_file", "share_private_layers", "site_path", "site_policy",
+           "site_privacy", "site_seed_and_device", "sites_dir"]
 
 #: A site's name names its file and its folders: nothing but these characters.
 SITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: A site file's client-level DP entries: a noise floor, a delta ceiling, its clip norm.
 DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 #: Keys every task's site file may hold: the site's own privacy policy.
-COMMON_KEYS = frozenset({"share_private_layers"})
+COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run"})
+#: Scores (evaluations) a site sends per federation run unless its file says otherwise.
+DEFAULT_MAX_SCORES = 500
+#: numpy's and torch's generators take seeds below 2**32.
+_MAX_SEED = 2**32 - 1
 
 
 def sites_dir() -> Path:
@@ -122,9 +129,10 @@ def site_path(raw: dict[str, object], key: str, path: Path) -> Path | None:
 def site_seed_and_device(raw: dict[str, object], path: Path) -> tuple[int, str]:
     """Return the validated ``split_seed`` and ``device`` entries."""
     seed = raw.get("split_seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= _MAX_SEED:
         raise ValueError(
-            f"Site file {path}: 'split_seed' must be a non-negative integer, got {seed!r}."
+            f"Site file {path}: 'split_seed' must be an integer from 0 to 2**32 - 1 "
+            f"({_MAX_SEED}), got {seed!r}."
         )
     device = raw.get("device", "auto")
     if not isinstance(device, str) or not (
@@ -135,3 +143,55 @@ def site_seed_and_device(raw: dict[str, object], path: Path) -> tuple[int, str]:
             f"got {device!r}."
         )
     return seed, device
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """What a site's own file decides about what leaves it, whatever the server asks.
+
+    Attributes
+    ----------
+    epsilon_max : float or None
+        The most client-level DP epsilon this site spends, over every federation it takes
+        part in (its ledger, :class:`fedbn_med.privacy.PrivacyLedger`). None: no ceiling.
+        With a ceiling, the site sends updates only under DP.
+    max_scores : int
+        The most evaluations (scores of a global model) it sends per federation run.
+    path : Path or None
+        The site file these came from (None: no file, the defaults).
+    """
+
+    epsilon_max: float | None = None
+    max_scores: int = DEFAULT_MAX_SCORES
+    path: Path | None = None
+
+
+def _site_file(site: str, task: str) -> Path | None:
+    if not SITE_NAME.fullmatch(site):
+        raise ValueError(f"A site's name must be letters, digits, '-' or '_', got {site!r}.")
+    for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
+        if path.is_file():
+            return path
+    return None
+
+
+def site_policy(site: str, task: str = "abide") -> SitePolicy:
+    """Return the site file's ceiling on DP epsilon and its budget of scores per run."""
+    path = _site_file(site, task)
+    if path is None:
+        return SitePolicy()
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
+    ceiling = raw.get("dp_epsilon_max")
+    if ceiling is not None and (isinstance(ceiling, bool) or not isinstance(
+            ceiling, (int, float)) or not math.isfinite(ceiling) or ceiling <= 0):
+        raise ValueError(f"Site file {path}: 'dp_epsilon_max' must be a positive finite "
+                         f"number (the most epsilon this site spends), got {ceiling!r}.")
+    scores = raw.get("max_scores_per_run", DEFAULT_MAX_SCORES)
+    if isinstance(scores, bool) or not isinstance(scores, int) or not 0 <= scores <= 10**6:
+        raise ValueError(f"Site file {path}: 'max_scores_per_run' must be an integer from 0 "
+                         f"to 1000000, got {scores!r}.")
+    return SitePolicy(epsilon_max=None if ceiling is None else float(ceiling),
+                      max_scores=scores, path=path)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import fedbn_med.federation.launcher.flower_cli as flower_cli
-from fedbn_med.federation.config import NodeSettings
+from fedbn_med.federation.config import NodeSettings, seal_run_config
 from fedbn_med.federation.events import (
     Done,
     Event,
@@ -46,9 +46,12 @@ from fedbn_med.federation.launcher.processes import (
     FederationError,
     ForkedSite,
     SiteStatus,
+    Watchdog,
     free_port,
+    port_taken,
     terminate_tree,
 )
+from fedbn_med.federation.launcher.fleet_gate import GateLimits
 from fedbn_med.spec import RUN_CONFIG_KEY
 
 __all__ = ["LocalFederation"]
@@ -97,6 +100,8 @@ class LocalFederation:
         self._forked: dict[int, ForkedSite] = {}
         self._early: dict[int, list[Event]] = {}
         self._lock = threading.Lock()
+        self._site_keys: list[Path] = []
+        self._progress_from: dict[int, int] = {}
         self.flwr_home = self.workdir / "flwr_home"
         self.flwr_home.mkdir(exist_ok=True)
         # Flower's processes start further Flower commands by name (the SuperLink runs
@@ -106,6 +111,8 @@ class LocalFederation:
                     "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         (self.flwr_home / "config.toml").write_text(
             flower_cli.connection_config(self.address, self.tls))
+        # Stops what we start should this process die without stopping it (SIGKILL).
+        self.watchdog = Watchdog(self.workdir / "logs" / "watchdog.log", env=self.env)
 
     @property
     def address(self) -> str:
@@ -124,6 +131,7 @@ class LocalFederation:
                                 pass_fds=tuple(pass_fds))
         log.close()
         self.processes[name] = proc
+        self.watchdog.watch(proc.pid)
         return proc
 
     def log_tail(self, name: str, lines: int = 15) -> str:
@@ -150,34 +158,57 @@ class LocalFederation:
                               f"{timeout:.0f} s.")
 
     def start_gate(self, host: str, port: int, *, max_body: int = 64 << 20,
-                   max_body_file: Path | None = None, timeout: float = 60.0) -> str:
+                   max_body_file: Path | None = None, limits: GateLimits | None = None,
+                   fd_limit: int | None = None, timeout: float = 60.0) -> str:
         """Open the public port: Flower's Fleet API only, forwarded to this SuperLink.
 
-        The SuperLink must bind 127.0.0.1; ``host:port`` is what the sites dial. See
-        :mod:`fedbn_med.federation.launcher.fleet_gate`. Returns ``HOST:PORT``.
+        The SuperLink must bind 127.0.0.1; ``host:port`` is what the sites dial. With node
+        authentication, only the keys registered so far (:meth:`register_site_key`) pass
+        the gate. ``limits`` bounds what a client may take of it; ``fd_limit`` lowers its
+        descriptor limit. See :mod:`fedbn_med.federation.launcher.fleet_gate`. Returns
+        ``HOST:PORT``.
+
+        Raises
+        ------
+        FederationError
+            When another process (an earlier server, say) holds ``host:port``, or the
+            gate does not open it.
         """
         if self.host != "127.0.0.1":
             raise ValueError(f"The gate fronts a SuperLink on 127.0.0.1, not {self.host}.")
-        cmd = [sys.executable, "-m", "fedbn_med.federation.launcher.fleet_gate",
+        if port_taken(host, port):
+            raise FederationError(
+                f"Port {host}:{port} is in use by another process (an earlier federation "
+                "server that is still running?): stop it first, or choose another --listen.")
+        ready = self.workdir / "logs" / "gate.ready"
+        ready.unlink(missing_ok=True)
+        # Run as a script: it needs none of fedbn_med (nor torch), only its own imports.
+        cmd = [sys.executable, "-P", str(Path(__file__).with_name("fleet_gate.py")),
                "--listen", f"{host}:{port}", "--upstream", self.address,
-               "--max-body", str(max_body)]
+               "--max-body", str(max_body), "--ready-file", str(ready)]
         if max_body_file is not None:
             cmd += ["--max-body-file", str(max_body_file)]
         if self.tls is not None:
             cmd += ["--ssl-certfile", str(self.tls.server_cert), "--ssl-keyfile",
                     str(self.tls.server_key), "--ssl-ca-certfile", str(self.tls.ca_cert)]
+        if self.node_auth:
+            for key in self._site_keys:
+                cmd += ["--allowed-key", str(key)]
+        for name, value in (limits or GateLimits()).__dict__.items():
+            cmd += [f"--{name.replace('_', '-')}", str(value)]
+        if fd_limit is not None:
+            cmd += ["--fd-limit", str(fd_limit)]
         proc = self._spawn("gate", cmd)
-        probe = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         deadline = time.monotonic() + timeout
+        # Ready when *this* gate has bound the port (it writes the file), not when
+        # something answers there.
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise FederationError("The server's public port did not open:\n"
                                       + self.log_tail("gate"))
-            try:
-                with socket.create_connection((probe, port), timeout=0.5):
-                    return f"{host}:{port}"
-            except OSError:
-                time.sleep(0.2)
+            if ready.exists():
+                return f"{host}:{port}"
+            time.sleep(0.1)
         raise FederationError(f"The server's public port {host}:{port} did not open within "
                               f"{timeout:.0f} s.")
 
@@ -197,10 +228,12 @@ class LocalFederation:
         """Register a site's public key with the SuperLink; return the node ID it gets."""
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         try:
-            return flower_cli.register_key(public_key, env=self.env, cwd=self.workdir,
-                                           prefix=prefix)
+            node_id = flower_cli.register_key(public_key, env=self.env, cwd=self.workdir,
+                                              prefix=prefix)
         except RuntimeError as err:
             raise FederationError(str(err)) from err
+        self._site_keys.append(Path(public_key))
+        return node_id
 
     def node_command(self, site: str, state_dir: Path, data_dir: Path | None = None,
                      device: str = "auto", auth_key: Path | None = None,
@@ -257,6 +290,7 @@ class LocalFederation:
         log.close()
         self.host_ready = None
         self._host_answers = queue.Queue()
+        self.watchdog.watch(self._host.pid)
         assert self._host.stdout is not None
         answers = self._host_answers
         EventReader(self._host.stdout, self._on_host_event, "site-host",
@@ -268,6 +302,7 @@ class LocalFederation:
         # comes after the answer that named it (the host blocks reaping until then).
         with self._lock:
             if isinstance(event, SiteForked):
+                self.watchdog.watch(event.pid)
                 proc = ForkedSite(event.pid)
                 for early in self._early.pop(event.pid, []):
                     proc.status.note(early)
@@ -379,11 +414,19 @@ class LocalFederation:
         """Submit a run (``flwr run --stream``) with the given run-config overrides."""
         results_dir = Path(results_dir or self.workdir)
         results_dir.mkdir(parents=True, exist_ok=True)
+        # Flower sends the run config to every site: the server's settings stay here.
+        run_config = seal_run_config(run_config, self.flwr_home)
         overrides = flower_cli.write_run_config(results_dir / "run_config.toml", run_config)
         self._runs += 1
+        # This run's events are what its ServerApp appends from now on: an earlier run's
+        # (a resumed federation's workdir) are never read as this one's.
+        progress = results_dir / "progress.jsonl"
+        offset = progress.stat().st_size if progress.exists() else 0
+        submitted = time.time()
         proc = self._spawn(f"run-{self._runs}", flower_cli.run_command(overrides),
                            netns=self.netns)
         proc.log_name = f"run-{self._runs}"  # type: ignore[attr-defined]
+        proc.progress_from = (offset, submitted)  # type: ignore[attr-defined]
         return proc
 
     def watch(self, run: subprocess.Popen, on_event: Callable[[dict], None] | None = None,
@@ -395,24 +438,21 @@ class LocalFederation:
         server reported :class:`~fedbn_med.federation.events.Done`.
         """
         results_dir = Path(results_dir or self.workdir)
-        progress = results_dir / "progress.jsonl"
-        seen = 0
+        offset, submitted = getattr(run, "progress_from", (0, 0.0))
+        tail = _Tail(results_dir / "progress.jsonl", offset)
         deadline = time.monotonic() + timeout
         done: Done | None = None
         failed: RunFailed | None = None
         while True:
             ended = run.poll() is not None
-            if progress.exists():
-                lines = progress.read_text().splitlines()
-                for line in lines[seen:]:
-                    if not line.strip():
-                        continue
-                    event = decode(line, strict=False)
-                    done = event if isinstance(event, Done) else done
-                    failed = event if isinstance(event, RunFailed) else failed
-                    if on_event is not None:
-                        on_event(event.as_dict())
-                seen = len(lines)
+            for line in tail.lines():
+                if not line.strip():
+                    continue
+                event = decode(line, strict=False)
+                done = event if isinstance(event, Done) else done
+                failed = event if isinstance(event, RunFailed) else failed
+                if on_event is not None:
+                    on_event(event.as_dict())
             if ended:
                 break
             if time.monotonic() > deadline:
@@ -423,7 +463,7 @@ class LocalFederation:
                                       + self.log_tail("superlink"))
             time.sleep(0.1)
         results = results_dir / "results.json"
-        if done is None or not results.exists():
+        if done is None or not results.exists() or results.stat().st_mtime < submitted - 1:
             reason = failed.reason if failed is not None else \
                 self.log_tail(getattr(run, "log_name", "run"), 40)
             raise FederationError("The federated run failed on the server:\n" + reason)
@@ -442,6 +482,7 @@ class LocalFederation:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:  # pragma: no cover - killed above
             proc.kill()
+        self.watchdog.forget(proc.pid)
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
@@ -456,9 +497,31 @@ class LocalFederation:
         self.stop_process("site-host")
         self.stop_process("gate")
         self.stop_process("superlink")
+        self.watchdog.close()
 
     def __enter__(self) -> LocalFederation:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _Tail:
+    """Read a growing file's new complete lines from a byte offset, a read at a time."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+        self._partial = b""
+
+    def lines(self) -> list[str]:
+        """Return the lines completed since the last call."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *whole, self._partial = (self._partial + data).split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in whole]

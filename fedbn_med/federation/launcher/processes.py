@@ -1,7 +1,8 @@
 """Processes a federation owns: how they are started, watched, and stopped with their children.
 
 Every process the launcher starts leads a session of its own, so stopping it stops what
-it started too (the SuperLink's executor and ServerApp, say). What a process does is
+it started too (the SuperLink's executor and ServerApp, say), and is told to a
+:class:`Watchdog`, which stops it should the launcher die without doing so. What a process does is
 learnt from the typed events it writes on a pipe (:mod:`fedbn_med.federation.events`),
 read here on a thread per pipe; never from its log text.
 """
@@ -13,17 +14,20 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 import psutil
 
 from fedbn_med.federation.events import Event, NodeFailed, NodeLost, NodeReady, decode
+from fedbn_med.federation.launcher.watchdog import terminate_tree
 
-__all__ = ["EventReader", "FederationError", "ForkedSite", "SiteStatus", "free_port",
-           "terminate_tree"]
+__all__ = ["EventReader", "FederationError", "ForkedSite", "SiteStatus", "Watchdog",
+           "free_port", "port_taken", "terminate_tree"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,80 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Return whether another socket is bound to ``host:port`` (a server listening there).
+
+    Binds as a server would (``SO_REUSEADDR``), so connections of an earlier server that
+    linger in TIME_WAIT do not count; a listening socket does.
+    """
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError:
+            return True
+    return False
+
+
+class Watchdog:
+    """The launcher's side of :mod:`fedbn_med.federation.launcher.watchdog`.
+
+    Started with the first process it is told of; every process the launcher starts is
+    then stopped by it if the launcher dies without stopping them (SIGKILL, a crash).
+    """
+
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self.env = env
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._proc is None:
+                with open(self.log, "ab") as out:
+                    self._proc = subprocess.Popen(
+                        [sys.executable, "-P", str(Path(__file__).with_name("watchdog.py"))],
+                        stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                        start_new_session=True, text=True, env=self.env)
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(line + "\n")
+                self._proc.stdin.flush()
+            except (OSError, ValueError):
+                logger.warning("The watchdog is gone; %r not passed on", line)
+
+    def watch(self, pid: int) -> None:
+        """Have the watchdog stop ``pid`` (with its children) should the launcher die."""
+        try:
+            created = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:
+            return
+        self._send(f"+ {pid} {created!r}")
+
+    def forget(self, pid: int) -> None:
+        """Tell the watchdog the launcher has stopped ``pid`` itself."""
+        if self._proc is not None:
+            self._send(f"- {pid}")
+
+    def close(self) -> None:
+        """Tell the watchdog everything is stopped; wait for it to end."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write("done\n")
+            proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 class SiteStatus:
@@ -154,41 +232,3 @@ class EventReader:
         finally:
             if self.on_close is not None:
                 self.on_close()
-
-
-def terminate_tree(pid: int, sig: int, grace: float) -> None:
-    """Send ``sig`` to a process, its children and its session; kill what outlives ``grace``."""
-    try:
-        root = psutil.Process(pid)
-        family = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    # Processes we start lead sessions of their own; anything left in that session (the
-    # SuperLink's executor and ServerApp) belongs to them. Never sweep our own session.
-    try:
-        sid = os.getsid(pid)
-        if sid == pid and sid != os.getsid(0):
-            family += [p for p in psutil.process_iter() if p.pid != pid
-                       and _sid(p.pid) == sid and p not in family]
-    except OSError:
-        pass
-    family = [p for p in family if p.pid != os.getpid()]
-    for proc in family:
-        try:
-            proc.send_signal(sig)
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(family, timeout=grace)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(alive, timeout=grace)
-
-
-def _sid(pid: int) -> int | None:
-    try:
-        return os.getsid(pid)
-    except OSError:
-        return None

@@ -22,6 +22,9 @@ to a copy of the host's stdout, so the launcher reads every site on one pipe. Li
 written whole in one ``write`` each, which a pipe keeps apart. The host stops when its
 stdin closes.
 
+Each site dies with the host (Linux ``PR_SET_PDEATHSIG``), and the host with the
+launcher (its :mod:`~fedbn_med.federation.launcher.watchdog`).
+
 CUDA: the host never initialises CUDA (a forked child of a process that has cannot use
 it); each site initialises it after the fork, on the device the launcher gave it (see
 :mod:`fedbn_med.federation.launcher.devices`). ``cuda_initialized`` in the events above
@@ -31,6 +34,7 @@ reports ``torch.cuda.is_initialized()`` in the host just before it forks.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import os
 import signal
@@ -94,11 +98,28 @@ def _reap(*_: object) -> None:
         _send(SiteExited(pid=pid, code=os.waitstatus_to_exitcode(status)))
 
 
+def _die_with(parent: int) -> None:
+    # Linux: the kernel sends SIGTERM to this site when the host ends, however it ends
+    # (the launcher's watchdog stops the host with its children otherwise).
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the host ended before the call took effect
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def _run_site(request: ForkRequest) -> None:
     """In the forked child: become the site process and never return."""
     code = 1
+    host = os.getppid()
     try:
         os.setsid()  # a session of its own, as the launcher gives every process it starts
+        _die_with(host)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         log = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -12,7 +12,7 @@ from flwr.app import MessageType
 
 from fedbn_med.checkpoint import save_tensors, write_text_atomic
 from fedbn_med.federation.records import unpack
-from fedbn_med.federation.server.checks import metrics_reason
+from fedbn_med.federation.server.checks import evaluate_reason
 from fedbn_med.report import convergence_plot, result_columns, site_table
 from fedbn_med.scaffold import join_controls
 
@@ -47,6 +47,8 @@ class RunResults:
     partition: Partition
     global_weights: dict[str, torch.Tensor]
     control: dict[str, torch.Tensor]
+    scores: frozenset[str]
+    norm_reference: float
     rows: list[dict[str, object]]
     workdir: Path
     checkpoint: Path
@@ -91,7 +93,8 @@ class RunResults:
         assert self.tracker is not None
         save_tensors(self.checkpoint, join_controls(self.global_weights, self.control),
                      {"round": rnd, "parent_run_id": self.tracker.parent_id,
-                      "rows": self.rows, "pending": fits, "strategy": self.strategy.label})
+                      "rows": self.rows, "pending": fits, "strategy": self.strategy.label,
+                      "norm_reference": self.norm_reference})
 
     def _close(self, pending: dict[str, dict[str, float]]) -> None:
         nodes = self._live_nodes()
@@ -104,13 +107,16 @@ class RunResults:
             site = nodes.get(reply.metadata.src_node_id)
             if site is not None and not reply.has_error():
                 try:
-                    scores = unpack(reply.content).floats("metrics")
-                    reason = metrics_reason({"metrics": scores})
+                    payload = unpack(reply.content)
+                    reason = evaluate_reason(payload.sections, self.scores)
                     if reason is not None:
                         raise ValueError(reason)
-                    evals[site] = scores
-                except (ValueError, TypeError) as err:
-                    logger.warning("Final evaluation of site %s refused: %s", site, err)
+                    evals[site] = payload.floats("metrics")
+                except Exception as err:  # one bad reply loses that site's scores only
+                    why = (str(err) if isinstance(err, ValueError)
+                           else f"{type(err).__name__}: {err}")[:500]
+                    logger.warning("Final evaluation of site %s refused: %s", site, why)
+                    self._event(event="evaluation-refused", site=site, reason=why)
         if pending:
             self._complete(self.config.rounds, pending, evals)
         assert self.tracker is not None and self.worker is not None

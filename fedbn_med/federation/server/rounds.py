@@ -25,7 +25,7 @@ from flwr.app import Message, MessageType
 from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, write_text_atomic
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.federation.server.checks import metrics_reason
+from fedbn_med.federation.server.checks import score_names, train_reason
 from fedbn_med.federation.server.discovery import SiteDiscovery
 from fedbn_med.federation.server.results import RunResults, warm_up_tracking
 from fedbn_med.partition import partition_model
@@ -42,9 +42,14 @@ if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tracking import FederationTracker
 
-__all__ = ["FederationServer"]
+__all__ = ["HOSPITAL_MAX_SHARE", "FederationServer"]
 
 logger = logging.getLogger("fedbn_med.server")
+
+#: With a consortium's key list (hospital mode), the largest share of the average one
+#: site may have under ``weighting="samples"``, whatever count it claims: a site cannot
+#: outweigh all the others together (:func:`fedbn_med.rounds.capped_weights`).
+HOSPITAL_MAX_SHARE = 0.5
 
 
 class FederationServer(SiteDiscovery, RunResults):
@@ -61,6 +66,10 @@ class FederationServer(SiteDiscovery, RunResults):
                 "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
         self.task = get_task(config.task)
+        self.scores = score_names(self.task.score_metrics)  # the only scores a site may send
+        # Sites are strangers to each other in hospital mode: no claim outweighs the rest.
+        self.max_share = HOSPITAL_MAX_SHARE if settings.node_sites else None
+        self.norm_reference = 0.0  # the outlier rule's memory (rounds.close_round)
         self.input_shape = settings.input_shape or config.input_shape()
         self.min_sites = settings.needed(len(config.sites))
         # Set by _build_model, which runs while the sites connect (see run).
@@ -127,6 +136,7 @@ class FederationServer(SiteDiscovery, RunResults):
         self.start_round = int(meta["round"]) + 1  # type: ignore[call-overload]
         self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
         self.pending = dict(meta.get("pending", {}))  # type: ignore[arg-type]
+        self.norm_reference = float(meta.get("norm_reference", 0.0))  # type: ignore[arg-type]
         logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
         return str(meta.get("parent_run_id") or "") or None
 
@@ -208,33 +218,35 @@ class FederationServer(SiteDiscovery, RunResults):
                 continue
             try:
                 payload = unpack(reply.content)
-                metrics = payload.floats("metrics")
-                reason = metrics_reason(
-                    {s: payload.floats(s) for s in ("metrics", "eval") if s in payload.sections})
+                reason = train_reason(payload.sections, self.scores)
                 if reason is not None:
                     raise ValueError(reason)
+                metrics = payload.floats("metrics")
                 num_examples = metrics["num-examples"]  # checked by close_round
                 fits_row = {"num_examples": metrics["num-examples"],
                             "train_loss": metrics["train_loss"],
                             "setups": metrics.get("setups", 0.0),
                             # the (epsilon, delta) a DP site has spent, for its MLflow run
                             **{k: v for k, v in metrics.items() if k.startswith("dp_")}}
-            except (ValueError, KeyError, TypeError, OverflowError) as err:
-                logger.warning("Round %d: update of site %s refused: %s", rnd, site, err)
-                self._event(event="update-refused", round=rnd, site=site, reason=str(err))
-                refused[site] = str(err)
+                weights, controls = split_controls(payload.tensors)
+            except Exception as err:  # whatever is wrong with one reply refuses it alone
+                why = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+                why = why[:500]
+                logger.warning("Round %d: update of site %s refused: %s", rnd, site, why)
+                self._event(event="update-refused", round=rnd, site=site, reason=why)
+                refused[site] = why
                 continue
             if "eval" in payload.sections:
                 evals[site] = payload.floats("eval")
             if "state" in payload.sections:
                 hashes[site] = str(payload.section("state").get("private-hash", ""))
-            weights, controls = split_controls(payload.tensors)
             updates.append(Reply(site, weights, num_examples, controls=controls))
             fits[site] = fits_row
         outcome = close_round(self.strategy, self.global_weights, updates,
                               self.partition.all - self.exchanged, control=self.control,
                               n_sites=max(len(self.config.sites), len(nodes)),
-                              weighting=self.config.weighting)
+                              weighting=self.config.weighting, max_share=self.max_share,
+                              norm_reference=self.norm_reference)
         refused.update(outcome.refused)
         for site, reason in outcome.refused.items():
             logger.warning("Round %d: update of site %s refused: %s", rnd, site, reason)
@@ -243,6 +255,7 @@ class FederationServer(SiteDiscovery, RunResults):
             hashes.pop(site, None)
         self.global_weights = outcome.global_weights
         self.control = outcome.control
+        self.norm_reference = outcome.norm_reference
         missing = sorted(set(nodes.values()) - set(fits))
         if len(fits) < self.min_sites:
             why = "; ".join(f"{site} refused: {refused[site]}" if site in refused
@@ -258,5 +271,6 @@ class FederationServer(SiteDiscovery, RunResults):
         self._save_checkpoint(rnd, fits)
         self._event(event="trained", round=rnd, seconds=time.monotonic() - started,
                     empty_polls=self.grid.empty_polls,
-                    sites=sorted(fits), missing=missing, private_hashes=hashes)
+                    sites=sorted(fits), missing=missing, private_hashes=hashes,
+                    shares=outcome.shares, norms=outcome.norms)
         return fits

@@ -18,7 +18,12 @@ from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
 
 if TYPE_CHECKING:  # the data and training stack loads only where a site trains
     from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.data import SiteFeatures
+    from fedbn_med.tasks.abide.splits import Split
     from fedbn_med.trainer import SiteData, SiteTrainer
+
+#: One split's rows: features, labels, subject index per row, mean FD per row.
+Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 __all__ = [
     "build_model",
@@ -27,10 +32,12 @@ __all__ = [
     "build_site",
     "build_trainer",
     "check_sites",
+    "feature_transform",
     "pooled_data",
     "prepare",
     "prepare_site_data",
     "resolve_site_data_dir",
+    "site_rows",
 ]
 
 
@@ -55,16 +62,101 @@ def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
     return ensure_cohort(sites=wanted, site_effect=config.settings.site_effect)
 
 
-def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
-    """Load a site's connectivity features and split them for this run's fold."""
+def _load_split(site: SiteConfig, config: RunSpec) -> tuple[Path, SiteFeatures, Split]:
     from fedbn_med.tasks.abide.data import load_site_features
-    from fedbn_med.tasks.abide.splits import site_splits
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
 
     data_dir = resolve_site_data_dir(site, config)
     feats = load_site_features(data_dir, site.abide_site_ids, name=site.name)
+    # every repetition (run seed) re-draws the split
     split = site_splits(feats.labels, n_folds=config.n_folds, fold=config.fold,
-                        seed=site.split_seed)
+                        seed=repetition_split_seed(site.split_seed, config.seed))
+    return data_dir, feats, split
+
+
+def feature_transform(config: RunSpec) -> str:
+    """Return the run's feature harmonisation: the strategy's, else the settings'."""
+    own = config.settings.harmonize
+    wanted = config.strategy_obj().features
+    if wanted is not None and own not in ("none", wanted):
+        raise ValueError(
+            f"Strategy '{config.strategy}' harmonises the features with {wanted!r}, but the "
+            f"run's settings ask for harmonize={own!r}. Choose one: harmonize=none with this "
+            "strategy, or strategy fedavg with that setting.")
+    return wanted or own
+
+
+def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
+    """Return a site's rows per split, after windowing and FD regression (no harmonising).
+
+    Each split maps to ``(features, labels, subject, mean_fd)``: one row per subject, or
+    one per window with ``windows`` set (``subject`` then says whose window a row is).
+    The FD regression is fitted on the training rows only.
+    """
+    from fedbn_med.harmonize import MotionRegressor
+
+    data_dir, feats, split = _load_split(site, config)
+    settings = config.settings
+    if settings.windows:
+        from fedbn_med.tasks.abide.transforms import SlidingWindowConnectivity, window_rows
+
+        x, subject = window_rows(data_dir, feats, SlidingWindowConnectivity(
+            settings.windows, settings.window_step))
+    else:
+        x, subject = np.asarray(feats.features), np.arange(feats.n_subjects)
+    out: dict[str, Rows] = {}
+    for name in ("train", "val", "test"):
+        idx = np.asarray(getattr(split, name), dtype=np.int64)
+        rows = (np.concatenate([np.flatnonzero(subject == i) for i in idx]) if idx.size
+                else np.zeros(0, np.int64))
+        who = subject[rows]
+        out[name] = (x[rows], feats.labels[who], who, feats.mean_fd[who])
+    if settings.fd_regression:
+        motion = MotionRegressor().fit(out["train"][0], out["train"][3])
+        out = {k: (motion.transform(v[0], v[3]), *v[1:]) for k, v in out.items()}
+    return out
+
+
+def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dict[str, Rows]:
+    """Apply the run's harmonisation, fitted on training rows only."""
+    from fedbn_med.harmonize import ComBat, SiteStandardizer
+
+    method = feature_transform(config)
+    if method == "none":
+        return rows
+    if method == "site_z":
+        z = SiteStandardizer().fit(rows["train"][0])
+        return {k: (z.transform(v[0]), *v[1:]) for k, v in rows.items()}
+    # ComBat's pooled estimates need every site's training rows (not federated).
+    train = {name: (rows if name == site.name else site_rows(other, config))["train"][0]
+             for name, other in load_sites(list(config.sites)).items()}
+    combat = ComBat().fit(train)
+    return {k: (combat.transform(site.name, v[0]), *v[1:]) for k, v in rows.items()}
+
+
+def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
+    """Load a site's connectivity features and split them for this run's fold.
+
+    With the task's feature options (windows, FD regression, harmonisation: see
+    :class:`~fedbn_med.tasks.abide.settings.Settings`) the rows go through
+    :func:`site_rows` and the harmonisation, each fitted on the training rows only.
+    """
+    from fedbn_med.trainer import SiteData
+
+    settings = config.settings
+    if settings.windows or settings.fd_regression or feature_transform(config) != "none":
+        rows = _harmonised(site, config, site_rows(site, config))
+
+        def tensors(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+            x, y = rows[name][0], rows[name][1]
+            return (torch.tensor(np.asarray(x), dtype=torch.float32),
+                    torch.tensor(np.asarray(y), dtype=torch.int64))
+
+        groups = ({f"{k}_groups": torch.as_tensor(rows[k][2]) for k in ("val", "test")}
+                  if settings.windows else {})
+        return SiteData(train=tensors("train"), val=tensors("val"), test=tensors("test"),
+                        **groups)
+    _, feats, split = _load_split(site, config)
     x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
     y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
 
@@ -100,6 +192,7 @@ def build_trainer(
         seed=config.seed, device=device or (config.device if config.device != "auto"
                                             else site.device), privacy=privacy,
         bn_init=config.bn_init, threads=config.threads,
+        optimiser=config.settings.optimizer, weight_decay=config.settings.weight_decay,
     )
 
 
@@ -136,6 +229,7 @@ def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTr
         config.strategy_obj(), lr=config.lr, batch_size=config.batch_size,
         local_epochs=config.local_epochs, seed=config.seed, device=config.device,
         bn_init=config.bn_init, threads=config.threads,
+        optimiser=config.settings.optimizer, weight_decay=config.settings.weight_decay,
     )
 
 

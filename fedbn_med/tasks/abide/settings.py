@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["COHORT_VERSION", "COMPARE", "DEFAULTS", "ENGINE", "NUM_FEATURES", "Settings"]
+__all__ = ["COHORT_VERSION", "COMPARE", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
+           "HARMONIZERS", "NUM_FEATURES", "OPTIMIZERS", "Settings"]
 
 #: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
 #: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
@@ -27,7 +28,19 @@ DEFAULTS: dict[str, Any] = {
 
 
 #: The strategies ``--compare`` runs when given no list, in table order.
-COMPARE = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
+COMPARE = ("singleset", "fedavg", "fedprox", "fedbn", "silobn", "fedavg_localbn",
+           "fedavg_sitez", "fedavg_combat", "centralized")
+
+#: The feature harmonisations (``Settings.harmonize``), each fitted on training rows only
+#: (:mod:`fedbn_med.harmonize`): none, per-site z-scores, ComBat.
+HARMONIZERS = ("none", "site_z", "combat")
+
+#: The transforms a strategy may ask of this task (``Strategy.features``).
+FEATURE_TRANSFORMS = HARMONIZERS[1:]
+
+#: Local optimisers (the same names as :data:`fedbn_med.trainer.OPTIMISERS`; this module
+#: stays free of torch).
+OPTIMIZERS = ("sgd", "adam")
 
 #: The engine a pipeline uses unless ``--engine`` says otherwise.
 ENGINE = "flower"
@@ -42,20 +55,66 @@ class Settings:
     site_effect : float
         Strength of the built-in cohort's site effects (0: every site scans alike; 1: the
         real sites' figures). Ignored for real ABIDE data.
+    harmonize : str
+        Feature harmonisation fitted on each run's training rows: ``"none"``,
+        ``"site_z"`` (each site z-scores every feature with its own training mean and
+        standard deviation) or ``"combat"`` (ComBat fitted on every site's training rows;
+        not federated, see :class:`fedbn_med.harmonize.ComBat`).
+    fd_regression : bool
+        Regress each feature on mean framewise displacement within the site's training
+        rows and remove that effect from every row (before ``harmonize``).
+    windows : int
+        0: one whole-series connectivity vector per subject. Otherwise the published
+        federated ABIDE pipeline's augmentation: windows of this many volumes, one
+        connectivity vector per window to train on, and each validation or test
+        subject scored by the mean probability of its windows (32 in that pipeline).
+    window_step : int
+        Volumes between window starts (1 in that pipeline: every window).
+    optimizer : str
+        ``"sgd"`` (the FedBN paper) or ``"adam"`` (the published ABIDE code, lr 1e-5).
+    weight_decay : float
+        L2 penalty of the local optimiser (the published ABIDE code: 5e-2).
     """
 
     task: ClassVar[str] = "abide"
     site_effect: float = 1.0
+    harmonize: str = "none"
+    fd_regression: bool = False
+    windows: int = 0
+    window_step: int = 1
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         value = self.site_effect
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
+        for name, valid in (("harmonize", HARMONIZERS), ("optimizer", OPTIMIZERS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
+                                 f"{getattr(self, name)!r}.")
+        if not isinstance(self.fd_regression, bool):
+            raise ValueError(f"fd_regression must be true or false, got {self.fd_regression!r}.")
+        if isinstance(self.windows, bool) or not isinstance(self.windows, int) or not (
+                self.windows == 0 or self.windows >= 3):
+            raise ValueError(f"windows must be 0 (off) or a window length of at least 3 "
+                             f"volumes, got {self.windows!r}.")
+        if isinstance(self.window_step, bool) or not isinstance(self.window_step, int) or (
+                self.window_step < 1):
+            raise ValueError(f"window_step must be a positive integer, got "
+                             f"{self.window_step!r}.")
+        wd = self.weight_decay
+        if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not (
+                math.isfinite(wd) and wd >= 0):
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {wd!r}.")
 
     def log_params(self) -> dict[str, object]:
         """Return what MLflow logs of these settings (with the built-in cohort's version)."""
-        return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION}
+        return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION,
+                "harmonize": self.harmonize, "fd_regression": self.fd_regression,
+                "windows": self.windows, "window_step": self.window_step,
+                "optimizer": self.optimizer, "weight_decay": self.weight_decay}
 
     def input_shape(self) -> tuple[int, ...]:
         """Return ``(6105,)``: one connectivity vector per subject."""

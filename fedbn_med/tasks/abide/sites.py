@@ -18,11 +18,20 @@ from fedbn_med.tasks.site_toml import (
 )
 
 __all__ = [
-    "BUILTIN_SCANS", "SiteConfig", "available_sites", "load_site", "load_sites", "sites_dir",
+    "ABIDE_I_SITE_IDS", "BUILTIN_SCANS", "SiteConfig", "available_sites", "load_site",
+    "load_sites", "sites_dir",
 ]
 
 _KEYS = {"name", "institution", "abide_site_ids", "data_dir", "scans", "split_seed", "device",
          *DP_KEYS}
+
+#: Every ``SITE_ID`` of the ABIDE I phenotypic table (the PCP release); ``sites/`` holds a
+#: file for each, so that a federation can be formed from any of them.
+ABIDE_I_SITE_IDS: tuple[str, ...] = (
+    "CALTECH", "CMU", "KKI", "LEUVEN_1", "LEUVEN_2", "MAX_MUN", "NYU", "OHSU", "OLIN",
+    "PITT", "SBL", "SDSU", "STANFORD", "TRINITY", "UCLA_1", "UCLA_2", "UM_1", "UM_2", "USM",
+    "YALE",
+)
 
 #: The ``scans`` value of the built-in scan site (generated from the cohort model).
 BUILTIN_SCANS = "builtin"

@@ -2,18 +2,24 @@
 
 Each site splits its own subjects (the federation never pools them): the test set is
 one fold of a shuffled :class:`sklearn.model_selection.StratifiedKFold`, and the
-validation set is a stratified share of the remaining subjects.
+validation set is a stratified share of the remaining subjects, so validation is
+carved from the training part only and the test folds stay a partition of the site.
+
+A repetition of a cross-validation re-draws every site's split: the seed of a site's
+split is :func:`repetition_split_seed` of the site file's ``split_seed`` and the run's
+seed. Repetition 0 (run seed 0) keeps the site file's split as it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 from sklearn.model_selection import StratifiedKFold
 
-__all__ = ["Split", "site_splits"]
+__all__ = ["Split", "repetition_split_seed", "site_splits"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +34,37 @@ class Split:
         """Make the index arrays read-only."""
         for part in (self.train, self.val, self.test):
             part.setflags(write=False)
+
+
+def repetition_split_seed(split_seed: int, seed: int) -> int:
+    """Return the seed of a site's split in the repetition of run seed ``seed``.
+
+    Parameters
+    ----------
+    split_seed : int
+        The site file's ``split_seed`` (>= 0).
+    seed : int
+        The run's seed: one per repetition of the cross-validation.
+
+    Returns
+    -------
+    int
+        ``split_seed`` itself for ``seed == 0`` (the site file's split); otherwise a
+        31-bit seed derived from both, so that every repetition shuffles every site anew.
+
+    Raises
+    ------
+    ValueError
+        If either seed is not an integer or ``split_seed`` is negative.
+    """
+    for name, value in (("split_seed", split_seed), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")
+    if split_seed < 0:
+        raise ValueError(f"split_seed must be a non-negative integer, got {split_seed!r}.")
+    if seed == 0:
+        return int(split_seed)
+    return zlib.crc32(f"split:{int(split_seed)}:{int(seed)}".encode()) & 0x7FFFFFFF
 
 
 def _proportional_counts(class_sizes: np.ndarray, total: int) -> np.ndarray:

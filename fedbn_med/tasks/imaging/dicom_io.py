@@ -2,7 +2,8 @@
 
 The writer produces valid Part-10 files (preamble, file meta with the transfer syntax,
 SOP class and instance UIDs), as a modality would; UIDs derive from a seed so that the
-built-in sites are byte-for-byte reproducible.
+built-in sites are byte-for-byte reproducible. The reading side (:mod:`.dicom_read`)
+runs pydicom inside :func:`strict_reading`.
 """
 
 from __future__ import annotations

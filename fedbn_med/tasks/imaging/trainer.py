@@ -11,7 +11,8 @@ segmentation (:mod:`fedbn_med.tasks.mri.objective`), ROC AUC for X-ray classific
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -80,6 +81,19 @@ class ImageTrainer(SiteTrainer):
         """Return the metrics of the current model on a validation or test dataset."""
         raise NotImplementedError
 
+    def _bn_batches(self) -> Iterator[torch.Tensor]:
+        """Yield the site's training inputs as training sees them (augmented, seeded).
+
+        What the BN running statistics are re-estimated from (``fedavg_localbn``): one
+        pass of training-sized batches of the training items' augmented patches, slices
+        or images, drawn with a fixed seed so that every scoring sees the same pass.
+        """
+        _seed_transforms(self.data.train, derive_seed(self.seed, self.site, "bn-statistics"))
+        loader = DataLoader(self.data.train, batch_size=self.batch_size, shuffle=False,
+                            num_workers=0, collate_fn=list_data_collate)
+        for batch in loader:
+            yield torch.as_tensor(batch["image"])
+
     def _target(self, batch: Mapping[str, Any]) -> torch.Tensor:
         return torch.as_tensor(batch["label"]).to(self.device)
 
@@ -122,18 +136,23 @@ class ImageTrainer(SiteTrainer):
         """Load the given global weights and score the validation and test datasets.
 
         Same contract as :meth:`SiteTrainer.score`; each split is scored by
-        :meth:`score_dataset`, which the task's objective defines.
+        :meth:`score_dataset`, which the task's objective defines. Under a strategy that
+        scores with the site's own BN statistics (``fedavg_localbn``) they are first
+        re-estimated on this site's training data (:meth:`_bn_batches`) and put back after.
         """
         self.load_shared(data or {})
-        self.model.eval()
         metrics: dict[str, float] = {}
-        for split in ("val", "test"):
-            dataset = getattr(self.data, split)
-            if len(dataset) == 0:
-                continue
-            with torch.no_grad(), torch.autocast(self.device.type, enabled=self.amp):
-                scores = self.score_dataset(dataset)
-            metrics.update({f"{split}_{k}": v for k, v in scores.items()})
+        # fedavg_localbn: the shared model with BN statistics of this site's training data
+        with (self.site_bn_statistics() if self.strategy.site_bn_at_score
+              else nullcontext()):
+            self.model.eval()
+            for split in ("val", "test"):
+                dataset = getattr(self.data, split)
+                if len(dataset) == 0:
+                    continue
+                with torch.no_grad(), torch.autocast(self.device.type, enabled=self.amp):
+                    scores = self.score_dataset(dataset)
+                metrics.update({f"{split}_{k}": v for k, v in scores.items()})
         return metrics
 
 

@@ -1,8 +1,10 @@
 """Task ``"mri"``: brain tissue segmentation across scanners with MONAI ``UNet(norm="batch")``.
 
-Each site segments 2D axial slices into background, CSF, grey and white matter; Dice per
-class is measured on each validation/test subject's slab of slices. Under FedBN the
-UNet's batch-norm layers (``*.adn.N``) stay at their scanner's site.
+Each site segments its subjects' volumes into background, CSF, grey and white matter:
+by default a 3D UNet trained on patches and scored on whole volumes by a sliding window
+(``mode="3d"``), or a 2D UNet on axial slices (``mode="2d"``). Dice per class is
+measured on each validation/test subject's volume. Under FedBN the UNet's batch-norm
+layers (``BatchNorm3d``/``BatchNorm2d``, named ``*.adn.N``) stay at their scanner's site.
 
 The task's files: ``data`` (sites' datasets and transforms), ``model`` (the UNet),
 ``objective`` (loss and Dice), ``build`` (a site's trainer from the three), ``settings`` (the
@@ -26,4 +28,6 @@ MRI_TASK = register_task(Task(
     check_sites=lazy("fedbn_med.tasks.imaging.site_files:check_imaging_sites", "mri"),
     build_pooled=lazy("fedbn_med.tasks.imaging.trainer:pooled_trainer"),
     preload=("fedbn_med.tasks.mri.build",),
+    # SegmentationTrainer.score_dataset's, for synth.TISSUE_CLASSES
+    score_metrics=("dice", "dice_csf", "dice_gm", "dice_wm", "loss"),
 ))

@@ -1,6 +1,7 @@
-"""The MRI task's network: MONAI ``UNet(norm="batch")`` segmenting 2D axial slices.
+"""The MRI task's network: MONAI ``UNet(norm="batch")``, 3D (patches) or 2D (slices).
 
-Under FedBN the UNet's batch-norm layers (``*.adn.N``) stay at their scanner's site.
+Under FedBN the UNet's batch-norm layers (``BatchNorm3d`` or ``BatchNorm2d``, named
+``*.adn.N``) stay at their scanner's site; :mod:`fedbn_med.partition` finds them by type.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ if TYPE_CHECKING:
 __all__ = ["build_mri_model"]
 
 
-def build_mri_model(config: RunSpec, input_shape: tuple[int, ...] = (1, 64, 64)
+def build_mri_model(config: RunSpec, input_shape: tuple[int, ...] = (1, 32, 32, 32)
                     ) -> nn.Module:
-    """Build the 2D segmentation UNet with the run's seed, identical at every site."""
+    """Build the segmentation UNet of the run's mode with its seed, identical at every site.
+
+    ``input_shape`` (channel first) gives the input channels; the spatial dimensions
+    are the mode's (3 in ``"3d"``, 2 in ``"2d"``).
+    """
     torch.manual_seed(config.seed)
-    return UNet(spatial_dims=2, in_channels=int(input_shape[0]),
+    return UNet(spatial_dims=config.settings.spatial_dims, in_channels=int(input_shape[0]),
                 out_channels=len(TISSUE_CLASSES), channels=(16, 32, 64, 128),
                 strides=(2, 2, 2), num_res_units=1, norm="batch")

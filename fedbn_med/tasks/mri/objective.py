@@ -1,8 +1,10 @@
 """The MRI task's objective: Dice + cross-entropy to train, Dice per tissue class to score.
 
-Training items are slices (``(1, H, W)`` images, ``(1, H, W)`` integer labels);
-validation/test items are volumes ``(1, H, W, D)`` scored slice by slice and stacked, so
-Dice is measured on each subject's whole slab.
+Training items are 3D patches ``(1, p, p, p)`` or 2D slices ``(1, H, W)`` with integer
+labels of the same shape. Validation and test items are whole volumes ``(1, H, W, D)``:
+a MONAI inferer predicts each one (``SlidingWindowInferer`` over 3D patches, or
+``SliceInferer`` over its axial slices in 2D mode), so Dice (``DiceMetric``) is measured
+on each subject's volume whatever the network's dimensions.
 """
 
 from __future__ import annotations
@@ -13,24 +15,49 @@ from typing import Any
 import numpy as np
 import torch
 from monai.data import Dataset
+from monai.inferers import Inferer, SliceInferer, SlidingWindowInferer
 from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 
 from fedbn_med.tasks.imaging.trainer import ImageTrainer
 
-__all__ = ["SegmentationTrainer"]
+__all__ = ["SegmentationTrainer", "volume_inferer"]
+
+
+def volume_inferer(spatial_dims: int, roi: int, batch: int = 4) -> Inferer:
+    """Return the inferer that predicts a whole volume with a 3D or 2D network.
+
+    Parameters
+    ----------
+    spatial_dims : {3, 2}
+        The network's: 3 uses a sliding window of ``roi`` cubes (a quarter overlap,
+        Gaussian blending); 2 runs the network on every axial slice (``roi`` squares).
+    roi : int
+        Edge of the window (the training patch) or of the slice.
+    batch : int
+        Windows or slices per forward pass.
+    """
+    if spatial_dims == 3:
+        return SlidingWindowInferer(roi_size=(roi,) * 3, sw_batch_size=batch, overlap=0.25,
+                                    mode="gaussian")
+    if spatial_dims == 2:
+        return SliceInferer(roi_size=(roi, roi), spatial_dim=2, sw_batch_size=16 * batch,
+                            overlap=0.0)
+    raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}.")
 
 
 class SegmentationTrainer(ImageTrainer):
-    """Segment 2D slices; score Dice per class on each subject's whole slab of slices.
+    """Segment patches or slices; score Dice per class on each subject's whole volume.
 
     Parameters are those of :class:`~fedbn_med.tasks.imaging.trainer.ImageTrainer`, plus
-    ``class_names`` (background first).
+    ``class_names`` (background first) and ``inferer`` (see :func:`volume_inferer`).
     """
 
-    def __init__(self, *args: Any, class_names: Sequence[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, class_names: Sequence[str], inferer: Inferer,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.class_names = tuple(class_names)
+        self.inferer = inferer
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -39,19 +66,16 @@ class SegmentationTrainer(ImageTrainer):
 
     def score_dataset(self, dataset: Dataset) -> dict[str, float]:
         """Return mean Dice, Dice per foreground class and the loss, over subjects."""
-        n_classes = len(self.class_names)
         dice = DiceMetric(include_background=False, reduction="mean_batch",
-                          num_classes=n_classes)
+                          num_classes=len(self.class_names))
         losses = []
-        for item in dataset:
-            image = torch.as_tensor(item["image"]).to(self.device)  # (1, H, W, D)
-            label = torch.as_tensor(item["label"]).to(self.device)
-            slices = image.permute(3, 0, 1, 2)  # each z slice a batch entry
-            logits = torch.cat([self.model(slices[s:s + 64]).float()
-                                for s in range(0, slices.shape[0], 64)])
-            volume = logits.permute(1, 2, 3, 0)[None]  # (1, C, H, W, D)
-            losses.append(float(self.loss_fn(volume, label[None])))
-            dice(y_pred=volume.argmax(1, keepdim=True), y=label[None])
+        for i in range(len(dataset)):
+            item = dataset[i]
+            image = torch.as_tensor(item["image"])[None].to(self.device)  # (1, 1, H, W, D)
+            label = torch.as_tensor(item["label"])[None].to(self.device)
+            logits = self.inferer(image, self.model).float()  # (1, C, H, W, D)
+            losses.append(float(self.loss_fn(logits, label)))
+            dice(y_pred=logits.argmax(1, keepdim=True), y=label)
         per_class = dice.aggregate().cpu().numpy()
         out = {f"dice_{name}": float(v) for name, v in zip(self.class_names[1:], per_class)}
         out["dice"] = float(np.nanmean(per_class))

@@ -1,7 +1,11 @@
-"""The X-ray task's data: built-in hospitals or a site's datalist (DICOM, PNG or NIfTI).
+"""The X-ray task's data: built-in hospitals or a site's datalist (DICOM, PNG, JPEG or NIfTI).
 
-Hospitals differ in exposure, detector response, noise and storage; the label (a bright
-nodule, finding / no finding) means the same everywhere.
+The built-in hospitals are synthetic *head* radiographs (line integrals through the
+MNI152 head, with or without a bright nodule), not chest X-rays: they test the
+federation on feature shift, not a clinical finding. Hospitals differ in exposure,
+detector response, noise and storage; the label (nodule / no nodule) means the same
+everywhere. Real chest sets (CheXpert, ChestX-ray14, MIMIC-CXR-JPG) come in through
+``pipelines/image_datalists.py`` and a site file's ``datalist``.
 """
 
 from __future__ import annotations
@@ -20,13 +24,12 @@ from monai.transforms import (
 )
 
 from fedbn_med.tasks.imaging import synth
-from fedbn_med.tasks.imaging.datasets import ImageSiteData, make_dataset
-from fedbn_med.tasks.imaging.readers import ReadImaged, load_datalist
+from fedbn_med.tasks.imaging.datasets import ImageSiteData, make_dataset, site_split
+from fedbn_med.tasks.imaging.readers import ReadImaged
 from fedbn_med.tasks.imaging.settings import ImagingSettings
 from fedbn_med.tasks.imaging.site_files import ImagingSite
 
 __all__ = ["build_xray_data", "xray_transforms"]
-
 
 
 def xray_transforms(settings: ImagingSettings, *, train: bool) -> Compose:
@@ -49,12 +52,17 @@ def xray_transforms(settings: ImagingSettings, *, train: bool) -> Compose:
 
 
 def build_xray_data(site: ImagingSite, settings: ImagingSettings, seed: int = 0,
-                    data_dir: Path | None = None) -> ImageSiteData:
-    """Return a hospital's datasets from its datalist (the built-in site when it names none)."""
+                    data_dir: Path | None = None, *, fold: int = 0,
+                    n_folds: int = 5) -> ImageSiteData:
+    """Return a hospital's datasets from its datalist (the built-in site when it names none).
+
+    The split is the run's (seed, test fold), stratified by label (``site_split``).
+    """
     datalist = site.datalist or synth.ensure_xray_site(
-        site.name, size=settings.image_size, subjects=settings.subjects, seed=seed,
-        data_dir=data_dir)
-    splits = load_datalist(datalist, split_seed=site.split_seed)
+        site.name, size=settings.image_size, subjects=settings.subjects,
+        seed=settings.data_seed, data_dir=data_dir)
+    splits = site_split(datalist, site, builtin=site.datalist is None, seed=seed, fold=fold,
+                        n_folds=n_folds, stratify="label")
 
     def dataset(split: str, train: bool) -> Dataset:
         return make_dataset(splits[split], ("image",), xray_transforms(settings, train=train),

@@ -15,8 +15,9 @@ SITES = ("HospitalA", "HospitalB", "HospitalC")
 DEFAULTS: dict[str, Any] = {"sites": SITES, "rounds": 5, "batch_size": 8, "lr": 1e-3}
 
 
-#: The strategies ``--compare`` runs when given no list, in table order.
-COMPARE = ("singleset", "fedavg", "fedprox", "fedbn")
+#: The strategies ``--compare`` runs when given no list, in table order: FedBN against
+#: FedAvg, FedAvg scored with each site's own BN statistics, and SiloBN (BN affine shared).
+COMPARE = ("singleset", "fedavg", "fedavg_localbn", "silobn", "fedprox", "fedbn")
 
 #: The engine a pipeline uses unless ``--engine`` says otherwise.
 ENGINE = "inprocess"

@@ -31,10 +31,18 @@ from fedbn_med.tasks.abide.scans.inputs import (
 )
 from fedbn_med.tasks.abide.scans.transforms import Cleaning, scan_transforms
 from fedbn_med.tasks.abide.scans.writer import write_site
+from fedbn_med.tasks.imaging.readers import ImageReadError, check_nifti_header
 
-__all__ = ["ExtractionReport", "extract_site"]
+__all__ = ["MAX_SCAN_BYTES", "MAX_SCAN_VOXELS", "ExtractionReport", "extract_site"]
 
 logger = logging.getLogger(__name__)
+
+#: Largest 4D image extracted (voxels x volumes), checked from the header: 2**28, about
+#: 990 volumes of the 3 mm MNI grid (61 x 73 x 61) or 245 of the 2 mm one (97 x 115 x 97).
+MAX_SCAN_VOXELS = 2**28
+#: Largest memory one image's extraction may need, estimated from its header as the
+#: stored values plus 12 bytes a voxel (a float32 copy and a float64 one).
+MAX_SCAN_BYTES = 4 * 2**30
 
 
 @dataclass
@@ -77,8 +85,13 @@ def _subject(scan: ScanInput, chain: Any, cleaning: Cleaning, seconds: dict[str,
     if scan.problem is not None:
         raise DataFileError(*scan.problem)
     try:
+        # The declared size is checked before LoadImaged allocates anything: the chain
+        # holds the stored values, a float32 MetaTensor and nilearn's float64 copy.
+        shape = check_nifti_header(scan.image, max_voxels=MAX_SCAN_VOXELS,
+                                   max_bytes=MAX_SCAN_BYTES, working_bytes=12)
         header = nib.load(str(scan.image)).header
-        shape = header.get_data_shape()
+    except ImageReadError as exc:
+        raise DataFileError(exc.path, exc.reason) from None
     except Exception as exc:  # nibabel raises several types for unreadable files
         raise DataFileError(scan.image, f"cannot be read as NIfTI ({exc}).") from exc
     extras: dict[str, object] = {}
@@ -149,7 +162,8 @@ def extract_site(
         Default: motion (+WM/CSF) regression, detrending, band-pass 0.01-0.1 Hz.
     atlas : str or pathlib.Path, optional
         A Harvard-Oxford label image (e.g. PCP's ``ho_mask_pad.nii.gz``); default the
-        shipped 6 mm one.
+        6 mm stand-in, for the built-in scan site and tests: its output is marked as
+        such (:mod:`.writer`) and a warning logged.
     tr : float, optional
         TR in seconds for images whose sidecar and header give none.
     phenotypic : str or pathlib.Path, optional
@@ -181,6 +195,10 @@ def extract_site(
                     "is skipped (those images were already cleaned by C-PAC).")
         cleaning = Cleaning(confounds=False, detrend=cleaning.detrend,
                             band_pass=cleaning.band_pass)
+    if atlas is None:
+        logger.warning("%s: no atlas given: ROI series are computed on the %s and marked so "
+                       "(manifest atlas_stand_in, rois_atlas column); they are not rois_ho "
+                       "series of real scans.", site, STAND_IN)
     chain = scan_transforms(load_atlas(atlas), cleaning, default_tr=tr)
     seconds: dict[str, float] = defaultdict(float)
     series: list[np.ndarray] = []

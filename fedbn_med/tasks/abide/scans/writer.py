@@ -11,6 +11,11 @@ The series always go to the ``filt_noglobal`` folder the loader reads; the manif
 which cleaning actually ran (``--no-clean`` writes plain ROI means there). The five
 ``qc_*`` columns are ``OK`` for every written subject: they passed this module's checks,
 not a human rater's.
+
+Series computed on the stand-in atlas (no ``--atlas``) are marked in three places, so that
+they are never taken for real ``rois_ho`` series: ``"atlas_stand_in": true`` in the
+manifest, a ``rois_atlas`` column reading ``stand-in`` in the phenotypic table, and a
+comment in the site file.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from fedbn_med.tasks.abide.data.layout import (
     PHENOTYPIC_FILENAME,
     QC_COLUMNS,
 )
+from fedbn_med.tasks.abide.scans.atlas import STAND_IN
 from fedbn_med.tasks.abide.scans.transforms import Cleaning
 
 __all__ = ["SCANS_MANIFEST", "write_site"]
@@ -59,6 +65,7 @@ def write_site(out: str | Path, site: str, rows: Sequence[dict[str, object]],
     root.mkdir(parents=True, exist_ok=True)
     staging = root / f".{DATASET_DIRNAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
+        stand_in = atlas == STAND_IN
         series_dir = staging / "cpac" / "filt_noglobal"
         series_dir.mkdir(parents=True)
         table = []
@@ -71,11 +78,13 @@ def write_site(out: str | Path, site: str, rows: Sequence[dict[str, object]],
                           "func_mean_fd": row.get("func_mean_fd", MISSING_VALUE),
                           **dict.fromkeys(QC_COLUMNS, "OK"),
                           "participant_id": row.get("participant_id", row["FILE_ID"]),
-                          "n_volumes": int(roi.shape[0]), "tr_s": row.get("_tr")})
+                          "n_volumes": int(roi.shape[0]), "tr_s": row.get("_tr"),
+                          "rois_atlas": "stand-in" if stand_in else Path(atlas).name})
         _write_phenotypic(staging / PHENOTYPIC_FILENAME, table)
         manifest = {"generator": "fedbn_med.tasks.abide.scans", "version": SCANS_VERSION,
                     "site": site, "source": str(source), "layout": layout,
-                    "atlas": atlas, "cleaning": asdict(cleaning),
+                    "atlas": atlas, "atlas_stand_in": stand_in,
+                    "cleaning": asdict(cleaning),
                     "cleaning_steps": cleaning.describe(), "global_signal_regression": False,
                     "written": [r["FILE_ID"] for r in rows],
                     "images": {str(r["FILE_ID"]): r.get("_image") for r in rows},
@@ -88,14 +97,21 @@ def write_site(out: str | Path, site: str, rows: Sequence[dict[str, object]],
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     site_file = root / f"{site}.toml"
-    site_file.write_text(_site_toml(site, root, source, institution), encoding="utf-8")
+    site_file.write_text(_site_toml(site, root, source, institution, atlas == STAND_IN),
+                         encoding="utf-8")
     return root, site_file
 
 
-def _site_toml(site: str, data_dir: Path, source: Path, institution: str) -> str:
+def _site_toml(site: str, data_dir: Path, source: Path, institution: str,
+               stand_in: bool) -> str:
+    warning = ("# STAND-IN ATLAS: these ROI series were computed on the built-in 6 mm stand-in,\n"
+               "# not the Harvard-Oxford atlas of rois_ho; never federate them with real\n"
+               "# rois_ho series (rerun fmri_to_rois.py with --atlas ho_mask_pad.nii.gz).\n"
+               if stand_in else "")
     return (
         f"# Site configuration for {site}: written by pipelines/fmri_to_rois.py from\n"
         f"# {source}. Copy it into sites/ (or $FEDBN_MED_SITES) to use it.\n"
+        f"{warning}"
         f"name = {json.dumps(site)}\n"
         f"institution = {json.dumps(institution)}\n"
         f"abide_site_ids = [{json.dumps(site)}]\n"

@@ -1,0 +1,298 @@
+"""Honest intervals and paired tests for cross-validated comparisons.
+
+- :func:`corrected_t_interval`: the corrected resampled t of Nadeau and Bengio (2003), as
+  Bouckaert and Frank (2004) use it for repeated k-fold cross-validation. The cells of a
+  cross-validation share training subjects, so their scores are correlated; the naive
+  t-interval over cells treats them as independent and is too narrow. The correction
+  inflates the variance of the mean from ``s^2 / J`` to ``(1 / J + n_test / n_train) s^2``.
+- :func:`mcnemar`: exact McNemar test of two classifiers' correctness on the same subjects.
+- :func:`delong`: DeLong's test of two correlated AUCs on the same subjects, optionally
+  stratified (per site, then combined), with the fast midrank algorithm of Sun and Xu
+  (2014).
+- :func:`bootstrap_difference`: a bootstrap over subjects stratified by site of the
+  difference of a site-mean score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedbn_med.metrics import roc_auc
+
+__all__ = [
+    "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference", "corrected_t_interval",
+    "delong", "mcnemar", "naive_t_interval",
+]
+
+
+def _finite(values: Sequence[float]) -> np.ndarray:
+    return np.array([v for v in values if math.isfinite(v)], dtype=float)
+
+
+def _t_interval(arr: np.ndarray, factor: float, level: float) -> tuple[float, float, float]:
+    from scipy import stats
+
+    if arr.size == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(arr.mean())
+    if arr.size < 2:
+        return mean, math.nan, math.nan
+    half = float(stats.t.ppf(0.5 + level / 2, arr.size - 1) * arr.std(ddof=1)
+                 * math.sqrt(factor))
+    return mean, mean - half, mean + half
+
+
+def _check_level(level: float) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), such as 0.95, got {level!r}.")
+
+
+def naive_t_interval(values: Sequence[float], level: float = 0.95
+                     ) -> tuple[float, float, float]:
+    """Return (mean, low, high): the Student-t interval that treats values as independent."""
+    _check_level(level)
+    arr = _finite(values)
+    return _t_interval(arr, 1.0 / max(arr.size, 1), level)
+
+
+def corrected_t_interval(values: Sequence[float], test_train_ratio: float,
+                         level: float = 0.95) -> tuple[float, float, float]:
+    """Return (mean, low, high): the corrected resampled t-interval of cell scores.
+
+    Parameters
+    ----------
+    values : sequence of float
+        One score (or paired difference) per cross-validation cell; NaN are left out.
+    test_train_ratio : float
+        ``n_test / n_train`` of one cell: ``1 / (k - 1)`` for k-fold cross-validation.
+    level : float, default=0.95
+        Coverage of the interval.
+
+    Returns
+    -------
+    tuple of float
+        The mean and the bounds ``mean -/+ t_{J-1} s sqrt(1 / J + n_test / n_train)``;
+        NaN bounds with fewer than two values.
+
+    Raises
+    ------
+    ValueError
+        If ``test_train_ratio`` is not a positive finite number or ``level`` not in (0, 1).
+    """
+    _check_level(level)
+    if not (math.isfinite(test_train_ratio) and test_train_ratio > 0):
+        raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train, "
+                         f"0.25 for 5 folds), got {test_train_ratio!r}.")
+    arr = _finite(values)
+    return _t_interval(arr, 1.0 / max(arr.size, 1) + test_train_ratio, level)
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """McNemar's test: ``a_only`` subjects only A gets right, ``b_only`` only B; exact p."""
+
+    a_only: int
+    b_only: int
+    p_value: float
+
+
+def mcnemar(correct_a: np.ndarray, correct_b: np.ndarray) -> McNemar:
+    """Return the exact (binomial) two-sided McNemar test of paired correctness.
+
+    Raises
+    ------
+    ValueError
+        If the two arrays differ in shape.
+    """
+    from scipy import stats
+
+    a, b = np.asarray(correct_a, dtype=bool), np.asarray(correct_b, dtype=bool)
+    if a.shape != b.shape:
+        raise ValueError(f"McNemar needs the same subjects for both classifiers; got "
+                         f"{a.shape} and {b.shape}.")
+    a_only, b_only = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    n = a_only + b_only
+    p = 1.0 if n == 0 else float(stats.binomtest(a_only, n, 0.5).pvalue)
+    return McNemar(a_only, b_only, p)
+
+
+@dataclass(frozen=True)
+class DeLong:
+    """DeLong's test of AUC(A) - AUC(B): the difference, its standard error, z and p."""
+
+    auc_a: float
+    auc_b: float
+    difference: float
+    se: float
+    p_value: float
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Return the normal interval of the difference."""
+        from scipy import stats
+
+        half = float(stats.norm.ppf(0.5 + level / 2)) * self.se
+        return self.difference - half, self.difference + half
+
+
+def _delong_parts(labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+    """Return (aucs, V10, V01) of several score rows (Sun and Xu's midrank form)."""
+    from scipy.stats import rankdata
+
+    pos, neg = scores[:, labels], scores[:, ~labels]
+    m, n = pos.shape[1], neg.shape[1]
+    tx = rankdata(pos, axis=1)
+    ty = rankdata(neg, axis=1)
+    tz = rankdata(np.concatenate([pos, neg], axis=1), axis=1)
+    aucs = (tz[:, :m].sum(axis=1) - m * (m + 1) / 2) / (m * n)
+    v10 = (tz[:, :m] - tx) / n
+    v01 = 1.0 - (tz[:, m:] - ty) / m
+    return aucs, v10, v01
+
+
+def _delong_one(labels: np.ndarray, a: np.ndarray, b: np.ndarray
+                ) -> tuple[float, float, float, float] | None:
+    """Return (auc_a, auc_b, diff, var) for one stratum, or None without 2 of each class."""
+    m = int(labels.sum())
+    n = labels.size - m
+    if m < 2 or n < 2:
+        return None
+    aucs, v10, v01 = _delong_parts(labels, np.stack([a, b]))
+    s = np.cov(v10) / m + np.cov(v01) / n
+    var = float(s[0, 0] + s[1, 1] - 2 * s[0, 1])
+    return float(aucs[0]), float(aucs[1]), float(aucs[0] - aucs[1]), max(var, 0.0)
+
+
+def delong(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray,
+           strata: np.ndarray | None = None) -> DeLong:
+    """Return DeLong's test of two AUCs on the same subjects.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        Binary labels (1 = positive).
+    scores_a, scores_b : numpy.ndarray
+        The two classifiers' scores of the same subjects.
+    strata : numpy.ndarray, optional
+        A stratum (site) per subject. The AUCs are then computed within each stratum
+        (scores of different sites need not share a scale) and combined as their mean
+        weighted by stratum size, with the variance of that weighted mean; strata
+        without two subjects of each class are left out.
+
+    Returns
+    -------
+    DeLong
+        NaN fields when no stratum has two subjects of each class.
+    """
+    from scipy import stats
+
+    y = np.asarray(labels).astype(bool)
+    a = np.asarray(scores_a, dtype=np.float64)
+    b = np.asarray(scores_b, dtype=np.float64)
+    if not (y.shape == a.shape == b.shape):
+        raise ValueError(f"DeLong needs one label and two scores per subject; got shapes "
+                         f"{y.shape}, {a.shape} and {b.shape}.")
+    groups = np.zeros(y.size, dtype=int) if strata is None else np.asarray(strata)
+    parts, sizes = [], []
+    for g in dict.fromkeys(groups.tolist()):
+        mask = groups == g
+        part = _delong_one(y[mask], a[mask], b[mask])
+        if part is not None:
+            parts.append(part)
+            sizes.append(int(mask.sum()))
+    if not parts:
+        return DeLong(math.nan, math.nan, math.nan, math.nan, math.nan)
+    w = np.array(sizes, dtype=float) / sum(sizes)
+    arr = np.array(parts)
+    auc_a, auc_b, diff = (float(w @ arr[:, i]) for i in range(3))
+    se = math.sqrt(float(w ** 2 @ arr[:, 3]))
+    if se == 0:
+        p = 1.0 if diff == 0 else 0.0
+    else:
+        p = float(2 * stats.norm.sf(abs(diff) / se))
+    return DeLong(auc_a, auc_b, diff, se, p)
+
+
+def balanced_accuracy(labels: np.ndarray, prob: np.ndarray) -> float:
+    """Return the mean recall of the classes present, predicting positive at ``prob >= 0.5``."""
+    y = np.asarray(labels).astype(bool)
+    pred = np.asarray(prob) >= 0.5
+    recalls = []
+    for cls in (True, False):
+        keep = y == cls
+        if keep.any():
+            recalls.append(float(np.mean(pred[keep] == cls)))
+    return float(np.mean(recalls)) if recalls else math.nan
+
+
+def _threshold_scores(y: np.ndarray, pred: np.ndarray, metric: str) -> np.ndarray:
+    """Return ``metric`` of each row of ``(resamples, subjects)`` labels and predictions."""
+    y = y.astype(bool)
+    if metric == "accuracy":
+        return np.mean(pred == y, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        recalls = np.stack([np.sum(pred & y, axis=1) / np.sum(y, axis=1),
+                            np.sum(~pred & ~y, axis=1) / np.sum(~y, axis=1)])
+    return np.nanmean(recalls, axis=0)
+
+
+def _auc(labels: np.ndarray, prob: np.ndarray) -> float:
+    return roc_auc(labels, prob)
+
+
+SCORES: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "balanced_accuracy": balanced_accuracy,
+    "auc": _auc,
+    "accuracy": lambda y, p: float(np.mean((np.asarray(p) >= 0.5) == np.asarray(y, bool))),
+}
+
+
+def bootstrap_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b: np.ndarray,
+                         strata: np.ndarray, metric: str = "balanced_accuracy", *,
+                         n_boot: int = 2000, seed: int = 0, level: float = 0.95
+                         ) -> tuple[float, float, float]:
+    """Return (difference, low, high) of the site-mean ``metric`` of A minus B.
+
+    Subjects are resampled with replacement within each stratum (site), so every
+    resample keeps each site's size; the score is computed per site and averaged over
+    the sites, as the tables do. The interval is the percentile interval.
+
+    Raises
+    ------
+    ValueError
+        If ``metric`` is unknown or ``n_boot`` < 100.
+    """
+    if metric not in SCORES:
+        raise ValueError(f"Unknown metric '{metric}'. Valid: {', '.join(SCORES)}.")
+    if n_boot < 100:
+        raise ValueError(f"n_boot must be at least 100 for a percentile interval, got {n_boot}.")
+    _check_level(level)
+    score = SCORES[metric]
+    y = np.asarray(labels).astype(int)
+    a, b, g = np.asarray(prob_a), np.asarray(prob_b), np.asarray(strata)
+    groups = [np.flatnonzero(g == s) for s in dict.fromkeys(g.tolist())]
+
+    def site_mean(idx_per_site: Sequence[np.ndarray]) -> float:
+        diffs = [score(y[i], a[i]) - score(y[i], b[i]) for i in idx_per_site]
+        finite = [d for d in diffs if math.isfinite(d)]
+        return float(np.mean(finite)) if finite else math.nan
+
+    point = site_mean(groups)
+    rng = np.random.default_rng(seed)
+    draws = [i[rng.integers(0, i.size, size=(n_boot, i.size))] for i in groups]
+    if metric == "auc":
+        boots = np.array([site_mean([d[k] for d in draws]) for k in range(n_boot)])
+    else:  # the threshold scores, all resamples at once
+        per_site = np.stack([_threshold_scores(y[d], a[d] >= 0.5, metric)
+                             - _threshold_scores(y[d], b[d] >= 0.5, metric) for d in draws])
+        with np.errstate(invalid="ignore"):
+            boots = np.nanmean(per_site, axis=0) if per_site.size else np.array([])
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0:
+        return point, math.nan, math.nan
+    low, high = np.quantile(boots, [0.5 - level / 2, 0.5 + level / 2])
+    return point, float(low), float(high)

@@ -1,0 +1,228 @@
+"""A compromised server operator against real sites: what it can learn or decide at a site.
+
+One SuperLink with TLS and node authentication, two real site nodes (NYU without DP, UM
+with DP demanded in its own site file and a ceiling on its epsilon), each started without
+``--data-dir``: where their data lie is in their site files. Then, in turn:
+
+1. an honest federation ``fed-a`` whose run spec names a data folder of the operator's;
+2. the operator's own ServerApp (``tests/operator_oracle.py``, run with ``flwr run``)
+   under the id ``fed-a``, reading the sites' BN layers back from crafted evaluations
+   (64 per site: 2 probes x 2 signs x 16 channels of the second BN layer);
+3. a second federation ``fed-b`` for UM alone, which would take it above its epsilon
+   ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from fedbn_med.checkpoint import load_tensors
+from fedbn_med.consortium import create_consortium
+from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.launcher import LocalFederation, TlsFiles
+from fedbn_med.federation.launcher.flower_cli import CONNECTION, flwr_tool, write_run_config
+from fedbn_med.federation.launcher.processes import FederationError
+from fedbn_med.privacy import epsilon
+from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
+
+pytestmark = pytest.mark.integration
+logger = logging.getLogger(__name__)
+
+ORACLE = Path(__file__).with_name("operator_oracle.py")
+ROUNDS = 1
+NOISE = 1.0
+APP_TOML = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "operator-oracle"
+version = "0.1.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "operator"
+
+[tool.flwr.app.components]
+serverapp = "operator_oracle:app"
+clientapp = "fedbn_med.federation.client_app:app"
+
+[tool.flwr.app.config]
+fedbn-med = ""
+oracle = ""
+"""
+
+
+def _site_file(folder: Path, name: str, cohort: Path, extra: str = "") -> None:
+    (folder / f"{name}.toml").write_text(
+        f'name = "{name}"\nabide_site_ids = ["{"UM_1" if name == "UM" else name}"]\n'
+        f'data_dir = "{cohort}"\n{extra}')
+
+
+@pytest.fixture(scope="module")
+def operator_world(small_cohort, tmp_path_factory):
+    """Run the honest federation, the operator's oracle and the second federation once."""
+    root = tmp_path_factory.mktemp("operator")
+    sites_dir = root / "sites"
+    sites_dir.mkdir()
+    ceiling = (epsilon(NOISE, ROUNDS, 1e-5) + epsilon(NOISE, 2 * ROUNDS, 1e-5)) / 2
+    _site_file(sites_dir, "NYU", small_cohort, "max_scores_per_run = 2\n")
+    _site_file(sites_dir, "UM", small_cohort,
+               f"dp_noise = {NOISE}\ndp_clip = 1e-4\ndp_epsilon_max = {ceiling}\n")
+    keys = create_consortium(root / "keys", ["127.0.0.1"], ["NYU", "UM"])
+    tls = TlsFiles(keys.ca_cert, keys.server_cert, keys.server_key)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FEDBN_MED_SITES", str(sites_dir))
+    world: dict = {"root": root, "ceiling": ceiling}
+    try:
+        with LocalFederation(root / "fed", tls=tls, node_auth=True) as fed:
+            fed.start_site_host(threads=1)
+            fed.start_superlink()
+            node_sites = {str(fed.register_site_key(keys.site_keys[s][1])): s
+                          for s in ("NYU", "UM")}
+            for site in ("NYU", "UM"):  # no data_dir: each site's file says where
+                fed.start_site(site, device="cpu", threads=1, auth_key=keys.site_keys[site][0])
+            fed.wait_sites_ready(["NYU", "UM"], timeout=240)
+            started = time.monotonic()
+            world["fed"] = fed
+            world["state"] = state = root / "fed" / "sites"
+            # the operator's folder: the same files, so a site that obeyed the run spec
+            # would train from it, and write its feature cache there
+            (root / "operator-data").mkdir()
+            (root / "operator-data" / "ABIDE_pcp").symlink_to(small_cohort / "ABIDE_pcp")
+            world["a"] = _federation(world, "fed-a", node_sites, root / "operator-data")
+            # the sites' true BN layers, as they hold them when the operator strikes
+            world["truth"] = {s: _truth(state, "fed-a", s) for s in ("NYU", "UM")}
+            world["oracle"] = _oracle(world, "fed-a")
+            world["b"] = _federation(world, "fed-b", node_sites, None, sites=("UM",),
+                                     wait_timeout=8.0)
+            logger.warning("operator attacks: the three runs took %.1f s",
+                           time.monotonic() - started)
+            yield world
+    finally:
+        mp.undo()
+
+
+def _federation(world: dict, fid: str, node_sites: dict[str, str], data_dir: Path | None,
+                sites: tuple[str, ...] = ("NYU", "UM"), **server) -> dict:
+    root = world["root"]
+    spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=sites, data_dir=data_dir,
+                   device="cpu")
+    server = {"wait_timeout": 60.0, "round_timeout": 120.0, **server}
+    settings = ServerSettings(workdir=root / fid, federation_id=fid, node_sites=node_sites,
+                              tracking_uri=f"sqlite:///{root / 'mlflow.db'}", **server)
+    events: list[dict] = []
+    run = world["fed"].submit(run_config(spec, settings), results_dir=root / fid)
+    try:
+        results = world["fed"].watch(run, on_event=events.append, timeout=300,
+                                     results_dir=root / fid)
+    except FederationError as err:
+        results = {"error": str(err)}
+    logger.warning("federation %s ended after %.1f s", fid, events[-1]["t"] - events[0]["t"]
+                   if events else math.nan)
+    return {"results": results, "events": events, "settings": settings}
+
+
+def _oracle(world: dict, fid: str) -> dict:
+    """Run the operator's ServerApp with ``flwr run``, as the operator would."""
+    fed, root = world["fed"], world["root"]
+    app = root / "oracle_app"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(APP_TOML)
+    shutil.copy(ORACLE, app / "operator_oracle.py")
+    spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=("NYU", "UM"), device="cpu")
+    cfg = run_config(spec, ServerSettings(workdir=root / "oracle", federation_id=fid))
+    cfg["oracle"] = json.dumps({"out": str(root / "oracle.json"), "sites": 2,
+                                "round": ROUNDS, "train_probes": 3, "train_sites": ["NYU"]})
+    overrides = write_run_config(root / "oracle.toml", cfg)
+    subprocess.run([flwr_tool("flwr"), "run", str(app), CONNECTION, "--stream",
+                    "--run-config", str(overrides)], env=fed.env, cwd=fed.workdir,
+                   capture_output=True, timeout=300, check=False)
+    return json.loads((root / "oracle.json").read_text())
+
+
+def _truth(state: Path, fid: str, site: str) -> tuple[list[float], list[float]]:
+    tensors, _ = load_tensors(state / fid / f"{site}.safetensors")
+    gamma, beta = tensors["net.3.N.weight"], tensors["net.3.N.bias"]
+    mean, var = tensors["net.3.N.running_mean"], tensors["net.3.N.running_var"]
+    scale = gamma / (var + 1e-5).sqrt()
+    return scale.tolist(), (beta - scale * mean).tolist()
+
+
+def _worst_error(got: list[float], want: list[float]) -> float:
+    errors = [abs(g - w) / max(abs(w), 1e-3) if math.isfinite(g) else math.inf
+              for g, w in zip(got, want)]
+    return max(errors)
+
+
+def test_the_operator_reads_no_bn_layer_back_from_scores(operator_world):
+    world = operator_world
+    assert "error" not in world["a"]["results"], world["a"]["results"]
+    oracle = world["oracle"]
+    for site in ("NYU", "UM"):
+        got, (scale, shift) = oracle[site], world["truth"][site]
+        worst = max(_worst_error(got["scale"], scale), _worst_error(got["shift"], shift))
+        print(f"oracle on {site}: {got['scores']} of 64 crafted evaluations scored, "
+              f"worst relative error of the recovered BN terms {worst:.3g}")
+        # not one crafted evaluation was scored, so nothing was recovered
+        assert got["scores"] == 0, got
+        assert worst == math.inf
+    assert oracle["NYU"]["error_count"] == 64
+    assert f"already scored round {ROUNDS}'s model" in oracle["NYU"]["errors"][0]
+    assert oracle["UM"]["error_count"] == 0  # under DP: a reply without scores
+    # Through training messages it gets one score per round NYU trains, while NYU's
+    # budget (max_scores_per_run = 2: one went to the honest run) lasts, at 4 decimals.
+    train = oracle["NYU"]["train_scores"]
+    assert train[0] is None and train[2] is None and train[1] is not None, train
+    assert round(train[1], 4) == train[1]
+
+
+def test_the_run_spec_names_no_path_at_a_site(operator_world, small_cohort):
+    # fed-a's spec named the operator's folder; both sites trained on their own data
+    world = operator_world
+    results = world["a"]["results"]
+    assert "error" not in results, results
+    assert set(results["final"]) == {"NYU", "UM"}
+    assert not (world["root"] / "operator-data" / "cache").exists()
+    assert results["final"]["NYU"]["test_accuracy"] >= 0
+
+
+def test_a_site_receives_only_what_it_needs_to_train(operator_world):
+    from fedbn_med.federation.config import SEALED_DIR
+
+    world = operator_world
+    settings: ServerSettings = world["a"]["settings"]
+    sent = (world["root"] / "fed-a" / "run_config.toml").read_text()  # what Flower carries
+    values = json.loads(json.loads(sent.split(" = ", 1)[1]))
+    assert set(values) == {"run", "federation_id", "server-token"}
+    assert values["run"]["data_dir"] is None
+    for secret in (settings.tracking_uri, str(settings.workdir), "node_sites",
+                   *settings.node_sites):
+        assert secret not in sent, secret
+    sealed = world["fed"].flwr_home / SEALED_DIR / f"{values['server-token']}.json"
+    assert sealed.stat().st_mode & 0o777 == 0o600
+    assert json.loads(sealed.read_text())["server"]["tracking_uri"] == settings.tracking_uri
+    assert RUN_CONFIG_KEY in sent
+
+
+def test_the_dp_budget_does_not_restart_with_a_new_federation(operator_world):
+    world = operator_world
+    a = world["a"]["results"]
+    spent = epsilon(NOISE, ROUNDS, 1e-5)
+    assert a["final"]["UM"]["dp_epsilon"] == pytest.approx(spent)
+    # UM's ledger holds fed-a; fed-b's two more rounds would cross its ceiling
+    ledger = json.loads((world["state"] / "UM.dp_ledger.json").read_text())
+    assert list(ledger["federations"]) == ["fed-a"]
+    refusals = [e for e in world["b"]["events"] if e["event"] == "site-error"
+                and "Site UM" in e.get("reason", "")]
+    assert refusals and "above its ceiling dp_epsilon_max" in refusals[0]["reason"], \
+        world["b"]["events"]
+    assert "Missing sites: UM" in world["b"]["results"]["error"]

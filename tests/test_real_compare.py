@@ -1,0 +1,97 @@
+"""``benchmarks/real_compare.py``: the comparison on any sites of any ABIDE data folder.
+
+Its ``--quick`` run goes end to end on a small release the test writes in the real
+layout (:func:`tests.test_determinism.write_release`), for three sites other than the
+paper's four, into a real MLflow sqlite store.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.test_determinism import write_release
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+SITES = {"PITT": 14, "YALE": 12, "KKI": 12}
+
+
+@pytest.fixture()
+def real_compare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    """Return the benchmark module, with the built-in data (if any) kept in ``tmp_path``."""
+    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module("real_compare")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a small real-shaped release holding the sites of :data:`SITES`."""
+    return write_release(tmp_path_factory.mktemp("release"), SITES, seed=1)
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+    end = next((i for i in range(2, len(cells)) if cells[i] and set(cells[i][0]) <= {"-"}),
+               len(cells))
+    return cells[0], cells[2:end]
+
+
+def test_quick_run_on_other_sites(real_compare: ModuleType, release: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    assert real_compare.main(["--quick", "--data-dir", str(release), "--sites",
+                              ",".join(SITES), "--strategies", "fedavg,fedbn",
+                              "--out", str(out), "--tracking-uri", store]) == 0
+    printed = capsys.readouterr().out
+    header, body = _table((out / "table.md").read_text(encoding="utf-8"))
+    assert [*SITES, "mean"] == [h for h in header if h in (*SITES, "mean")], header
+    assert [row[0] for row in body[:4]] == ["FedAvg", "FedBN", "Majority class",
+                                            "Motion only (mean FD)"], body
+    assert f"Sites {', '.join(SITES)} from {release}" in printed
+    with open(out / "predictions.csv", newline="", encoding="utf-8") as handle:
+        predictions = list(csv.DictReader(handle))
+    assert {p["site"] for p in predictions} == set(SITES)
+    assert (out / "plot.png").stat().st_size > 0
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("abide-benchmarks")
+                               .experiment_id], "tags.benchmark = 'real_compare'")
+    assert len(runs) == 1 and runs[0].data.params["sites"] == ",".join(SITES)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--sites", "PITT,YALEE"], r"--sites: Unknown site 'YALEE'\. Valid sites: .*YALE"),
+    (["--sites", "PITT"], "--sites must name at least two sites for a federation, got PITT"),
+    (["--strategies", "fedbn,fedx"], "unknown strategy 'fedx' in --strategies; valid "
+                                     "strategies: .*fedbn"),
+    (["--sites", ","], "expected comma-separated names, got ','"),
+])
+def test_bad_options_say_what_is_valid(real_compare: ModuleType, release: Path,
+                                       tmp_path: Path, argv: list[str], message: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        real_compare.main(["--quick", "--data-dir", str(release), "--out",
+                           str(tmp_path), *argv])
+    assert re.search(message, capsys.readouterr().err), message
+
+
+def test_every_abide_site_id_has_one_site_file() -> None:
+    from fedbn_med.tasks.abide.sites import ABIDE_I_SITE_IDS, available_sites, load_sites
+
+    owners: dict[str, list[str]] = {}
+    for name, site in load_sites([s for s in available_sites() if s != "CITY"]).items():
+        for site_id in site.abide_site_ids:
+            owners.setdefault(site_id, []).append(name)
+    assert {i: owners.get(i) for i in ABIDE_I_SITE_IDS} == {
+        i: [n] for i, n in zip(ABIDE_I_SITE_IDS, [
+            i.removesuffix("_1") if i in ("UM_1", "UCLA_1") else i
+            for i in ABIDE_I_SITE_IDS])}

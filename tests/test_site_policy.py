@@ -1,0 +1,173 @@
+"""A site's own policy and files, through the real readers: what the server cannot change.
+
+Site files (``split_seed``, ``dp_noise``, ``dp_epsilon_max``, ``max_scores_per_run``),
+the site's state file and privacy ledger, and the run config a site reads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedbn_med.checkpoint import save_tensors
+from fedbn_med.federation.client_app import SiteRuntime, bounded
+from fedbn_med.federation.config import (
+    ServerSettings,
+    read_run_config,
+    read_site_config,
+    run_config,
+    seal_run_config,
+)
+from fedbn_med.privacy import PrivacyLedger, UpdatePrivacy, epsilon
+from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
+from fedbn_med.strategies import get_strategy
+from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.tasks.abide.sites import load_site
+from fedbn_med.tasks.site_toml import DEFAULT_MAX_SCORES, site_policy
+from fedbn_med.trainer import SiteData, SiteTrainer
+
+
+def _write(folder, text):
+    path = folder / "UCLA.toml"
+    path.write_text('abide_site_ids = ["UCLA_1"]\n' + text)
+    return path
+
+
+@pytest.mark.parametrize("text, message", [
+    ("split_seed = 9223372036854775807\n",
+     r"UCLA.toml: 'split_seed' must be an integer from 0 to 2\*\*32 - 1 \(4294967295\), "
+     r"got 9223372036854775807"),
+    ("dp_noise = 1e308\ndp_clip = 1.0\n",
+     r"UCLA.toml: dp_noise must be a noise multiplier from 0 to 1e\+06, got 1e\+308"),
+])
+def test_site_file_values_out_of_range_name_the_file(tmp_path, text, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=message) as err:
+        load_site("UCLA", tmp_path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("dp_epsilon_max = -1\n", r"'dp_epsilon_max' must be a positive finite number .*got -1"),
+    ("dp_epsilon_max = inf\n", r"'dp_epsilon_max' must be a positive finite number .*got inf"),
+    ("max_scores_per_run = 2.5\n", r"'max_scores_per_run' must be an integer from 0 to "
+                                   r"1000000, got 2.5"),
+])
+def test_site_policy_errors(tmp_path, monkeypatch, text, message):
+    monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
+    path = _write(tmp_path, text)
+    load_site("UCLA", tmp_path)  # the task's reader takes the policy keys
+    with pytest.raises(ValueError, match=message) as err:
+        site_policy("UCLA")
+    assert str(path) in str(err.value)
+
+
+def test_site_policy_defaults_and_values(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
+    assert site_policy("UCLA").max_scores == DEFAULT_MAX_SCORES
+    _write(tmp_path, "dp_epsilon_max = 8\nmax_scores_per_run = 0\n")
+    policy = site_policy("UCLA")
+    assert (policy.epsilon_max, policy.max_scores) == (8.0, 0)
+
+
+def test_run_spec_values_out_of_range_are_value_errors():
+    with pytest.raises(ValueError, match=r"dp_noise must be a noise multiplier from 0 to "
+                                         r"1e\+06, got 1e\+308"):
+        RunSpec(dp_clip=1.0, dp_noise=1e308)
+    with pytest.raises(ValueError, match=r"seed must be from 0 to 2\*\*32 - 1 \(4294967295\)"):
+        RunSpec(seed=2**63 - 1)
+
+
+def _runtime(tmp_path) -> SiteRuntime:
+    torch.manual_seed(0)
+    split = (torch.randn(8, 4), torch.tensor([0, 1] * 4))
+    trainer = SiteTrainer("UCLA", AbideMLP(4), SiteData(split, split, split),
+                          get_strategy("fedbn"), device="cpu")
+    return SiteRuntime(trainer=trainer, state_path=tmp_path / "f" / "UCLA.safetensors")
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"round": "abc"}, r"UCLA.safetensors: 'round' must be a whole number >= 0, got 'abc'"),
+    ({"round": 2, "scores": -1}, r"'scores' must be a whole number >= 0, got -1"),
+    ({"round": 2, "dp_history": [[1.0, "x", 2]]}, r"'dp_history' must be a list of \[noise"),
+    ({"round": 2, "trained": [5]}, r"'trained' must list rounds from 1 to its round 2"),
+])
+def test_a_bad_state_file_names_itself(tmp_path, meta, message):
+    rt = _runtime(tmp_path)
+    save_tensors(rt.state_path, {}, meta)
+    with pytest.raises(ValueError, match=message) as err:
+        rt.restore()
+    assert str(rt.state_path) in str(err.value)
+
+
+def test_a_state_file_round_trips_what_the_site_released(tmp_path):
+    rt = _runtime(tmp_path)
+    rt.trained, rt.scored_through, rt.scores = {2, 3}, 2, 2
+    rt.save(3)
+    again = _runtime(tmp_path)
+    assert again.restore() == 3
+    assert (again.trained, again.scored_through, again.scores) == ({2, 3}, 2, 2)
+    assert again.score_refusal(3) is None  # a restarted site still scores round 3's model
+    again.scored_through = 3
+    assert again.score_refusal(3) is not None and "already scored" in again.score_refusal(3)
+    assert "did not train round 4" in again.score_refusal(4)
+
+
+def test_scores_leave_at_bounded_precision():
+    out = bounded({"test_loss": 1234.56789, "test_accuracy": 0.123456789, "x": float("nan")})
+    assert out["test_loss"] == 100.0 and out["test_accuracy"] == 0.1235
+    assert out["x"] != out["x"]
+
+
+def test_the_ledger_composes_every_federation_and_refuses_a_damaged_file(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "UCLA.dp_ledger.json", "UCLA")
+    assert ledger.spent(1e-5) == 0.0
+    ledger.record("a", [(1.0, 1.0, 3)])
+    ledger.record("b", [(1.0, 1.0, 2)])
+    again = PrivacyLedger(tmp_path / "UCLA.dp_ledger.json", "UCLA")
+    assert again.spent(1e-5) == pytest.approx(epsilon(1.0, 5, 1e-5))
+    assert again.spent(1e-5, exclude="b") == pytest.approx(epsilon(1.0, 3, 1e-5))
+    (tmp_path / "UCLA.dp_ledger.json").write_text("{not json")
+    with pytest.raises(ValueError, match="Privacy ledger .*UCLA.dp_ledger.json of site UCLA "
+                                         "is damaged"):
+        PrivacyLedger(tmp_path / "UCLA.dp_ledger.json", "UCLA")
+
+
+def test_a_site_ceiling_refuses_a_run_that_would_cross_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
+    _write(tmp_path, "dp_epsilon_max = 20.0\n")
+    rt = _runtime(tmp_path)
+    rt.policy = site_policy("UCLA")
+    rt.ledger = PrivacyLedger(tmp_path / "UCLA.dp_ledger.json", "UCLA")
+    with pytest.raises(PermissionError, match="would send its updates without DP"):
+        rt.check_budget(10)
+    rt.trainer.privacy = UpdatePrivacy(clip=1.0, noise=1.0)
+    rt.ledger.record("other", [(1.0, 1.0, 3)])
+    rt.check_budget(1)
+    with pytest.raises(PermissionError, match=r"it has spent epsilon \d+\.\d\d over its "
+                                              r"federations .*above its ceiling "
+                                              r"dp_epsilon_max = 20"):
+        rt.check_budget(20)
+
+
+def test_a_site_reads_no_path_and_no_server_setting(tmp_path, monkeypatch):
+    spec = RunSpec(rounds=2, data_dir=tmp_path / "operator")
+    server = ServerSettings(workdir=tmp_path / "srv", federation_id="f-1",
+                            tracking_uri="https://user:secret@mlflow.example", node_sites={"7": "NYU"})
+    site_spec, fid = read_site_config(run_config(spec, server))
+    assert site_spec.data_dir is None and fid == "f-1"
+    sealed = seal_run_config(run_config(spec, server), tmp_path / "home")
+    text = sealed[RUN_CONFIG_KEY]
+    assert "secret" not in text and "srv" not in text and "operator" not in text
+    assert set(json.loads(text)) == {"run", "federation_id", "server-token"}
+    assert read_site_config(sealed) == (site_spec, "f-1")
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    assert read_run_config(sealed) == (spec, server)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "elsewhere"))
+    with pytest.raises(ValueError, match="which do not exist on this host"):
+        read_run_config(sealed)
+    bad = {RUN_CONFIG_KEY: json.dumps({"run": spec.to_dict(), "federation_id": "../x"})}
+    with pytest.raises(ValueError, match="Refused federation id '../x'"):
+        read_site_config(bad)

@@ -1,0 +1,131 @@
+"""Honest intervals and paired subject-level tests (fedbn_med.stats)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from fedbn_med.metrics import roc_auc
+from fedbn_med.stats import (
+    balanced_accuracy,
+    bootstrap_difference,
+    corrected_t_interval,
+    delong,
+    mcnemar,
+    naive_t_interval,
+)
+
+
+def test_corrected_interval_inflates_the_naive_one_by_the_nadeau_bengio_factor() -> None:
+    values = [0.01, 0.03, -0.02, 0.04, 0.00, 0.02, 0.05, -0.01, 0.03, 0.01]
+    mean, low, high = naive_t_interval(values)
+    c_mean, c_low, c_high = corrected_t_interval(values, 0.25)
+    assert c_mean == mean == pytest.approx(np.mean(values))
+    j = len(values)
+    factor = math.sqrt((1 / j + 0.25) / (1 / j))
+    assert (c_high - c_low) / (high - low) == pytest.approx(factor)
+    half = scipy_stats.t.ppf(0.975, j - 1) * np.std(values, ddof=1) * math.sqrt(1 / j + 0.25)
+    assert c_high - c_mean == pytest.approx(half)
+
+
+def test_corrected_interval_needs_a_positive_ratio() -> None:
+    with pytest.raises(ValueError, match=r"test_train_ratio must be a positive number "
+                                         r"\(n_test / n_train, 0.25 for 5 folds\), got 0"):
+        corrected_t_interval([0.1, 0.2], 0)
+    with pytest.raises(ValueError, match=r"level must be in \(0, 1\), such as 0.95, got 95"):
+        corrected_t_interval([0.1, 0.2], 0.25, level=95)
+    assert math.isnan(corrected_t_interval([0.1], 0.25)[1])
+
+
+def test_mcnemar_counts_discordant_subjects_and_is_exact() -> None:
+    a = np.array([1, 1, 1, 1, 1, 1, 0, 0, 1, 0], dtype=bool)
+    b = np.array([0, 0, 0, 0, 0, 1, 1, 0, 1, 0], dtype=bool)
+    result = mcnemar(a, b)
+    assert (result.a_only, result.b_only) == (5, 1)
+    assert result.p_value == pytest.approx(scipy_stats.binomtest(5, 6, 0.5).pvalue)
+    assert mcnemar(a, a).p_value == 1.0
+    with pytest.raises(ValueError, match="McNemar needs the same subjects"):
+        mcnemar(a, b[:5])
+
+
+def _delong_brute(y: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """DeLong's variance of AUC(a) - AUC(b) from the definition (pairwise kernels)."""
+    pos, neg = y == 1, y == 0
+    out = []
+    for s in (a, b):
+        psi = (s[pos][:, None] > s[neg][None, :]) + 0.5 * (s[pos][:, None] == s[neg][None, :])
+        out.append((psi.mean(), psi.mean(axis=1), psi.mean(axis=0)))
+    m, n = int(pos.sum()), int(neg.sum())
+    v10 = np.stack([o[1] for o in out])
+    v01 = np.stack([o[2] for o in out])
+    s = np.cov(v10) / m + np.cov(v01) / n
+    return out[0][0] - out[1][0], s[0, 0] + s[1, 1] - 2 * s[0, 1]
+
+
+def test_delong_matches_its_definition() -> None:
+    rng = np.random.default_rng(0)
+    y = (rng.random(60) < 0.4).astype(int)
+    a = np.round(y * 0.8 + rng.normal(size=60), 1)  # rounding makes ties
+    b = np.round(y * 0.3 + rng.normal(size=60), 1)
+    result = delong(y, a, b)
+    diff, var = _delong_brute(y, a, b)
+    assert result.auc_a == pytest.approx(roc_auc(y, a))
+    assert result.difference == pytest.approx(diff)
+    assert result.se == pytest.approx(math.sqrt(var))
+    assert result.p_value == pytest.approx(2 * scipy_stats.norm.sf(abs(diff) / math.sqrt(var)))
+    low, high = result.interval()
+    assert low < diff < high
+    same = delong(y, a, a)
+    assert same.difference == 0 and same.p_value == 1.0
+
+
+def test_delong_stratified_by_site_weighs_sites_by_size() -> None:
+    rng = np.random.default_rng(1)
+    y = np.tile([0, 1], 30)
+    site = np.array(["A"] * 40 + ["B"] * 20)
+    a = y + rng.normal(size=60)
+    b = y * 0.2 + rng.normal(size=60) + 10 * (site == "B")  # a shift B's AUC does not see
+    result = delong(y, a, b, strata=site)
+    parts = [delong(y[site == s], a[site == s], b[site == s]) for s in ("A", "B")]
+    assert result.difference == pytest.approx((40 * parts[0].difference
+                                               + 20 * parts[1].difference) / 60)
+    assert result.se == pytest.approx(math.sqrt((40 / 60) ** 2 * parts[0].se ** 2
+                                                + (20 / 60) ** 2 * parts[1].se ** 2))
+    with pytest.raises(ValueError, match="DeLong needs one label and two scores per subject"):
+        delong(y, a, b[:3])
+
+
+def test_bootstrap_difference_is_site_mean_and_stratified() -> None:
+    rng = np.random.default_rng(2)
+    y = np.tile([0, 1], 40)
+    site = np.repeat(["A", "B"], 40)
+    good = np.where(y == 1, 0.8, 0.2) + rng.normal(scale=0.3, size=80)
+    bad = rng.random(80)
+    diff, low, high = bootstrap_difference(y, good, bad, site, n_boot=300)
+    expected = np.mean([balanced_accuracy(y[site == s], good[site == s])
+                        - balanced_accuracy(y[site == s], bad[site == s]) for s in "AB"])
+    assert diff == pytest.approx(expected)
+    assert low < diff < high and low > 0
+    assert bootstrap_difference(y, good, good, site, n_boot=100) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="Unknown metric 'f1'. Valid: balanced_accuracy, auc"):
+        bootstrap_difference(y, good, bad, site, "f1")
+    with pytest.raises(ValueError, match="n_boot must be at least 100"):
+        bootstrap_difference(y, good, bad, site, n_boot=10)
+
+
+def test_corrected_interval_covers_where_the_naive_one_does_not() -> None:
+    """Cells that share most of their data: the naive interval under-covers."""
+    rng = np.random.default_rng(3)
+    naive_hits = corrected_hits = 0
+    trials, cells = 300, 15
+    for _ in range(trials):
+        shared = rng.normal(scale=0.02)  # what every cell of one data set shares
+        values = shared + rng.normal(scale=0.02, size=cells)
+        naive_hits += naive_t_interval(values)[1] <= 0 <= naive_t_interval(values)[2]
+        _, low, high = corrected_t_interval(values, 1.0)
+        corrected_hits += low <= 0 <= high
+    assert naive_hits / trials < 0.8
+    assert corrected_hits / trials > 0.9
