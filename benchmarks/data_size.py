@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "subjects, see interval_design.py); the gap is paired by cell\n\n"
              + markdown_table(header, body))
     rows = [{"fraction": f, "strategy": label, "fold": fold, "seed": seed,
-             "test_balanced_accuracy": round(v, 6), **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
+             "test_balanced_accuracy": round(v, 6),
+             **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
             for label in acc for f in fractions
             for i, ((fold, seed), v) in enumerate(zip(bench.cells, acc[label][f]))]
 

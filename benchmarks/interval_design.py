@@ -10,8 +10,10 @@ FedBN and FedAvg train on ``--folds`` x ``--seeds`` cells twice, on one set of s
 For each design the table gives the paired difference FedBN - FedAvg of the site-mean
 test score at the round of lowest validation loss, with the naive t-interval over the
 cells, the corrected resampled t (Nadeau-Bengio; on fixed splits over the fold means,
-as repetitions that share a test set add no new test subjects) and a bootstrap over the
-subjects' pooled out-of-fold predictions stratified by site.
+as repetitions that share a test set add no new test subjects) and a subject-level
+interval: for balanced accuracy a bootstrap of each repetition's pooled out-of-fold
+predictions, subjects resampled within sites; for AUC DeLong on each subject's
+out-of-fold prediction averaged over the repetitions.
 
 From the re-split design's spread of the paired differences, a second table projects
 the corrected half-width for more repetitions and more subjects: ``t * s * sqrt(1 / J

@@ -102,6 +102,14 @@ def run_cells(args: argparse.Namespace) -> list[dict[str, object]]:
                       f"{cell['best_test_accuracy']:.3f} ({cell['seconds']:.0f} s)",
                       file=sys.stderr, flush=True)
                 cells.append(cell)
+                if args.out is not None:  # cell by cell: a long sweep cut short keeps its cells
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    with open(args.out, "a" if len(cells) > 1 else "w", newline="",
+                              encoding="utf-8") as handle:
+                        writer = csv.DictWriter(handle, fieldnames=list(cell))
+                        if len(cells) == 1:
+                            writer.writeheader()
+                        writer.writerow(cell)
     return cells
 
 
@@ -141,12 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.monotonic()
     cells = run_cells(args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(cells[0]))
-            writer.writeheader()
-            writer.writerows(cells)
     print(table(cells))
     print(f"\nsites {args.sites}; {args.rounds} rounds; {args.folds} folds; paper pipeline: "
           f"windows of 32 volumes every {args.window_step}, per-site z, Adam lr "

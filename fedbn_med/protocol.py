@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedbn_med.stats import (
-    bootstrap_difference,
+    bootstrap_repeated_difference,
     corrected_t_interval,
     delong,
     mcnemar,
@@ -53,8 +53,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "Cell", "Comparison", "PreparedSite",
-    "SitePredictions", "add_reference_rows", "best_round", "compare", "format_interval", "format_stats",
-    "interval", "prepare_sites", "reference_cells", "run_cell", "run_comparison",
+    "SitePredictions", "add_reference_rows", "best_round", "compare", "format_interval",
+    "format_stats", "interval", "prepare_sites", "reference_cells", "run_cell", "run_comparison",
     "scores_at",
 ]
 
@@ -292,9 +292,12 @@ class Comparison:
                       ) -> dict[str, float] | None:
         """Return the subject-level paired tests of a against b, or None without predictions.
 
-        On each subject's out-of-fold prediction (averaged over repetitions): McNemar on
-        correctness (threshold 0.5), DeLong on AUC stratified by site, and a bootstrap
-        over subjects stratified by site of the site-mean balanced accuracy difference.
+        McNemar on correctness (threshold 0.5) and DeLong on AUC stratified by site take
+        each subject's out-of-fold P(ASD) averaged over the repetitions (one prediction
+        per subject). The bootstrap estimates what the cells do, the mean over
+        repetitions of the site-mean balanced accuracy difference of each repetition's
+        pooled out-of-fold predictions, resampling subjects within each site once per
+        bootstrap for every repetition alike.
         """
         oa, ob = self.out_of_fold(a), self.out_of_fold(b)
         sites = [s for s in oa if s in ob and np.array_equal(oa[s][0], ob[s][0])]
@@ -308,13 +311,38 @@ class Comparison:
         mc = mcnemar((pa >= 0.5) == truth, (pb >= 0.5) == truth)
         dl = delong(y, pa, pb, strata=strata)
         dl_low, dl_high = dl.interval()
-        bal, bal_low, bal_high = bootstrap_difference(y, pa, pb, strata, n_boot=n_boot)
+        rep_a, rep_b, tested = self._by_repetition(a, b, {s: oa[s][0] for s in sites})
+        bal, bal_low, bal_high = bootstrap_repeated_difference(y, rep_a, rep_b, strata, tested,
+                                                               n_boot=n_boot)
         return {"subjects": float(y.size), "mcnemar_a_only": float(mc.a_only),
                 "mcnemar_b_only": float(mc.b_only), "mcnemar_p": mc.p_value,
                 "delong_auc_diff": dl.difference, "delong_ci_low": dl_low,
                 "delong_ci_high": dl_high, "delong_p": dl.p_value,
                 "bootstrap_bal_acc_diff": bal, "bootstrap_ci_low": bal_low,
                 "bootstrap_ci_high": bal_high}
+
+    def _by_repetition(self, a: str, b: str, index: Mapping[str, np.ndarray]
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (pred a, pred b, tested): ``(repetitions, subjects)`` over ``index``."""
+        seeds = sorted({c.seed for c in self.cells if c.strategy in (a, b)})
+        offsets, start = {}, 0
+        for site, idx in index.items():
+            offsets[site] = (start, {int(i): k for k, i in enumerate(idx.tolist())})
+            start += idx.size
+        preds = np.zeros((2, len(seeds), start), dtype=bool)
+        tested = np.zeros((2, len(seeds), start), dtype=bool)
+        for c in self.cells:
+            if c.strategy not in (a, b) or c.seed not in seeds:
+                continue
+            which, rep = (0 if c.strategy == a else 1), seeds.index(c.seed)
+            for site, p in c.predictions.items():
+                if site not in offsets:
+                    continue
+                base, where = offsets[site]
+                cols = base + np.array([where[int(i)] for i in p.index], dtype=np.int64)
+                preds[which, rep, cols] = p.prob >= 0.5
+                tested[which, rep, cols] = True
+        return preds[0], preds[1], tested[0] & tested[1]
 
     # -- tables --------------------------------------------------------------------------
     def table(self, at: str, metric: str = "balanced_accuracy") -> str:
@@ -356,12 +384,14 @@ class Comparison:
             if t is None:
                 continue
             any_row = True
+            auc = format_stats(t["delong_auc_diff"], t["delong_ci_low"], t["delong_ci_high"],
+                               signed=True)
+            bal = format_stats(t["bootstrap_bal_acc_diff"], t["bootstrap_ci_low"],
+                               t["bootstrap_ci_high"], signed=True)
             lines.append(
                 f"| {a} - {b} | {int(t['subjects'])} | {int(t['mcnemar_a_only'])} / "
-                f"{int(t['mcnemar_b_only'])}, p = {t['mcnemar_p']:.3f} | "
-                f"{format_stats(t['delong_auc_diff'], t['delong_ci_low'], t['delong_ci_high'], signed=True)}"
-                f", p = {t['delong_p']:.3f} | "
-                f"{format_stats(t['bootstrap_bal_acc_diff'], t['bootstrap_ci_low'], t['bootstrap_ci_high'], signed=True)} |")
+                f"{int(t['mcnemar_b_only'])}, p = {t['mcnemar_p']:.3f} | {auc}, "
+                f"p = {t['delong_p']:.3f} | {bal} |")
         return "\n".join(lines) if any_row else ""
 
     def report(self) -> str:
@@ -389,8 +419,9 @@ class Comparison:
             subjects = self.subject_table()
             if subjects:
                 parts.append("Subject-level paired tests on the pooled out-of-fold "
-                             "predictions (each subject's P(ASD) averaged over the "
-                             "repetitions; DeLong and bootstrap stratified by site):\n\n"
+                             "predictions (McNemar and DeLong: each subject's P(ASD) "
+                             "averaged over the repetitions; bootstrap: each repetition's "
+                             "predictions, subjects resampled within sites):\n\n"
                              + subjects)
         rounds = [c.best_round for c in self.cells if not c.reference]
         if rounds:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,8 +25,9 @@ import numpy as np
 from fedbn_med.metrics import roc_auc
 
 __all__ = [
-    "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference", "corrected_t_interval",
-    "delong", "mcnemar", "naive_t_interval",
+    "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",
+    "bootstrap_repeated_difference", "corrected_t_interval", "delong", "mcnemar",
+    "naive_t_interval",
 ]
 
 
@@ -296,3 +298,80 @@ def bootstrap_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b: np.ndar
         return point, math.nan, math.nan
     low, high = np.quantile(boots, [0.5 - level / 2, 0.5 + level / 2])
     return point, float(low), float(high)
+
+
+def _weighted_scores(weights: np.ndarray, y: np.ndarray, pred: np.ndarray, tested: np.ndarray,
+                     metric: str) -> np.ndarray:
+    """Return ``metric`` of the tested subjects under each row of subject ``weights``."""
+    pos, neg = tested & y, tested & ~y
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tp = weights @ (pos & pred).astype(float)
+        tn = weights @ (neg & ~pred).astype(float)
+        n_pos, n_neg = weights @ pos.astype(float), weights @ neg.astype(float)
+        if metric == "accuracy":
+            return (tp + tn) / (n_pos + n_neg)
+        return np.nanmean(np.stack([tp / n_pos, tn / n_neg]), axis=0)
+
+
+def bootstrap_repeated_difference(labels: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray,
+                                  strata: np.ndarray, tested: np.ndarray | None = None, *,
+                                  metric: str = "balanced_accuracy", n_boot: int = 2000,
+                                  seed: int = 0, level: float = 0.95
+                                  ) -> tuple[float, float, float]:
+    """Return (difference, low, high) of a repeated cross-validation's site-mean score.
+
+    The estimate is the mean over repetitions of the site-mean ``metric`` difference of
+    each repetition's pooled out-of-fold predictions (what the cells estimate). Each
+    bootstrap resamples the subjects once, within each stratum (site), and scores every
+    repetition on that same resample, so what the repetitions share (their subjects)
+    stays shared; the interval is the percentile interval.
+
+    Parameters
+    ----------
+    labels : numpy.ndarray
+        ``(n,)`` binary labels.
+    pred_a, pred_b : numpy.ndarray
+        ``(repetitions, n)`` predicted labels (bool) of the two methods.
+    strata : numpy.ndarray
+        ``(n,)`` site of each subject.
+    tested : numpy.ndarray, optional
+        ``(repetitions, n)`` bool: which subjects each repetition tested (all by default).
+
+    Raises
+    ------
+    ValueError
+        If ``metric`` is not a threshold score, ``n_boot`` < 100 or the shapes disagree.
+    """
+    if metric not in ("balanced_accuracy", "accuracy"):
+        raise ValueError(f"Unknown metric '{metric}'. Valid: balanced_accuracy, accuracy.")
+    if n_boot < 100:
+        raise ValueError(f"n_boot must be at least 100 for a percentile interval, got {n_boot}.")
+    _check_level(level)
+    y = np.asarray(labels).astype(bool)
+    a, b = np.atleast_2d(np.asarray(pred_a, bool)), np.atleast_2d(np.asarray(pred_b, bool))
+    mask = np.ones_like(a) if tested is None else np.atleast_2d(np.asarray(tested, bool))
+    if not (a.shape == b.shape == mask.shape and a.shape[1] == y.size):
+        raise ValueError(f"Expected (repetitions, {y.size}) predictions and masks, got "
+                         f"{a.shape}, {b.shape} and {mask.shape}.")
+    g = np.asarray(strata)
+    rng = np.random.default_rng(seed)
+    boot_parts = []
+    for s in dict.fromkeys(g.tolist()):
+        idx = np.flatnonzero(g == s)
+        draws = rng.multinomial(idx.size, np.full(idx.size, 1.0 / idx.size), size=n_boot)
+        weights = np.vstack([np.ones(idx.size), draws]).astype(float)
+        per_rep = np.stack([_weighted_scores(weights, y[idx], a[r, idx], mask[r, idx], metric)
+                            - _weighted_scores(weights, y[idx], b[r, idx], mask[r, idx],
+                                               metric) for r in range(a.shape[0])])
+        boot_parts.append(per_rep)  # (repetitions, 1 + n_boot) for this site
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN site or repetition
+        by_site = np.nanmean(np.stack(boot_parts), axis=0)  # mean over sites
+        total = np.nanmean(by_site, axis=0)  # mean over repetitions
+    point, boots = float(total[0]), total[1:]
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0:
+        return point, math.nan, math.nan
+    low, high = np.quantile(boots, [0.5 - level / 2, 0.5 + level / 2])
+    return point, float(low), float(high)
+

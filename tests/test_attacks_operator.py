@@ -185,7 +185,7 @@ def test_the_operator_reads_no_bn_layer_back_from_scores(operator_world):
     assert round(train[1], 4) == train[1]
 
 
-def test_the_run_spec_names_no_path_at_a_site(operator_world, small_cohort):
+def test_the_run_spec_names_no_path_at_a_site(operator_world):
     # fed-a's spec named the operator's folder; both sites trained on their own data
     world = operator_world
     results = world["a"]["results"]
@@ -196,17 +196,17 @@ def test_the_run_spec_names_no_path_at_a_site(operator_world, small_cohort):
 
 
 def test_a_site_receives_only_what_it_needs_to_train(operator_world):
-    from fedbn_med.federation.config import SEALED_DIR
-
     world = operator_world
     settings: ServerSettings = world["a"]["settings"]
     sent = (world["root"] / "fed-a" / "run_config.toml").read_text()  # what Flower carries
-    values = json.loads(json.loads(sent.split(" = ", 1)[1]))
-    assert set(values) == {"run", "federation_id", "server-token"}
-    assert values["run"]["data_dir"] is None
     for secret in (settings.tracking_uri, str(settings.workdir), "node_sites",
                    *settings.node_sites):
         assert secret not in sent, secret
+    values = json.loads(json.loads(sent.split(" = ", 1)[1]))
+    assert set(values) == {"run", "federation_id", "server-token"}
+    assert values["run"]["data_dir"] is None
+    from fedbn_med.federation.config import SEALED_DIR
+
     sealed = world["fed"].flwr_home / SEALED_DIR / f"{values['server-token']}.json"
     assert sealed.stat().st_mode & 0o777 == 0o600
     assert json.loads(sealed.read_text())["server"]["tracking_uri"] == settings.tracking_uri

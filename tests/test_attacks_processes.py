@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +18,6 @@ import psutil
 import pytest
 
 from fedbn_med.consortium import create_consortium
-from fedbn_med.federation import _flwr_compat as flwr_compat
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, free_port
 from fedbn_med.federation.launcher.processes import terminate_tree
 from fedbn_med.federation.node import _load_auth_keys
@@ -100,24 +100,56 @@ def test_sigkill_of_the_server_stops_everything_and_resume_refuses_a_held_port(
     assert "sites ready" not in log
 
 
-def _hold_as_online(address: str, ca: Path, key: Path) -> None:
-    """Activate the site's node and vanish without a word, as a killed site does.
+class _Zombie:
+    """The site's earlier node, online at the SuperLink, as a killed site leaves it.
 
-    A killed site leaves its node online until it misses two heartbeats: a minute with
-    the 30 s our nodes ask for; here 20 s, the shortest Flower takes (10 s heartbeats).
+    A killed site's node stays online until it misses two heartbeats: a minute with the
+    30 s our nodes ask for. Here it heartbeats (every 10 s, the shortest Flower takes)
+    until :meth:`die`, then stays online 20 s more, as a site killed at that moment would.
     """
-    from flwr.proto.fleet_pb2 import ActivateNodeRequest
-    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
-    from flwr.supernode.fleet_http_client import FleetHttpClient
-    from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 
-    private, public = _load_auth_keys(key)
-    client = FleetHttpClient.from_server_address(
-        address, False, ca.read_bytes(),
-        interceptors=[NodeAuthHttpInterceptor(private, public)])
-    client.ActivateNode(ActivateNodeRequest(public_key=public_key_to_bytes(public),
-                                            heartbeat_interval=10))
-    client.close()
+    def __init__(self, address: str, ca: Path, key: Path) -> None:
+        from flwr.proto.fleet_pb2 import ActivateNodeRequest
+        from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+        from flwr.supernode.fleet_http_client import FleetHttpClient
+        from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
+
+        private, public = _load_auth_keys(key)
+        self.client = FleetHttpClient.from_server_address(
+            address, False, ca.read_bytes(),
+            interceptors=[NodeAuthHttpInterceptor(private, public)])
+        self.node_id = self.client.ActivateNode(ActivateNodeRequest(
+            public_key=public_key_to_bytes(public), heartbeat_interval=10)).node_id
+        self.stop = threading.Event()
+        self.died_at: float | None = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
+        from flwr.proto.node_pb2 import Node
+
+        try:
+            while not self.stop.wait(3.0):
+                self.client.SendNodeHeartbeat(SendNodeHeartbeatRequest(
+                    node=Node(node_id=self.node_id), heartbeat_interval=10))
+        except Exception as err:  # noqa: BLE001 - reported by die()
+            self.error = err
+
+    def die(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.client.close()
+        self.died_at = time.monotonic()
+        assert self.error is None, f"the earlier node stopped heartbeating: {self.error!r}"
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 def test_a_restarted_site_rejoins_once_the_server_lets_go(small_cohort, tmp_path):
@@ -128,21 +160,26 @@ def test_a_restarted_site_rejoins_once_the_server_lets_go(small_cohort, tmp_path
         fed.register_site_key(keys.site_keys["NYU"][1])
         address = fed.start_gate("127.0.0.1", free_port())
         key = keys.site_keys["NYU"][0]
-        _hold_as_online(address, keys.ca_cert, key)
-        held_at = time.monotonic()
-        # restarted at once: one with a short wait bound, one with a long one
-        short = fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1,
-                               auth_key=key, superlink=address, max_wait_time=3.0)
-        short_status = fed.site_status["site-NYU"]
-        assert short.wait(timeout=120) == 2
-        assert time.monotonic() - held_at < 20  # gave up before the server let go...
-        # ...after trying for its whole bound, and says so
-        assert re.search(r"within 3 s \(it gave up after [3-9]\.\d s\)", short_status.failure), \
-            short_status.failure
-        assert "would not activate this site's node (HTTP 412)" in short_status.failure
-        patient = fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1,
-                                 auth_key=key, superlink=address, max_wait_time=90.0)
+        zombie = _Zombie(address, keys.ca_cert, key)
+        log = tmp_path / "fed" / "logs" / "site-NYU.log"
+        try:
+            # the site restarted at once, twice: with a short wait bound and a long one
+            short = fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1,
+                                   auth_key=key, superlink=address, max_wait_time=3.0)
+            short_status = fed.site_status["site-NYU"]
+            patient = fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1,
+                                     auth_key=key, superlink=address, max_wait_time=120.0)
+            assert short.wait(timeout=240) == 2
+            # it tried for its whole bound, and says so and why
+            assert re.search(r"within 3 s \(it gave up after [3-9]\.\d s\)",
+                             short_status.failure), short_status.failure
+            assert "would not activate this site's node (HTTP 412)" in short_status.failure
+            _wait_for(lambda: log.read_text().count("asking again") >= 3, 240,
+                      "the patient site's retries")
+        finally:
+            zombie.die()
         fed.wait_sites_ready(["NYU"], timeout=120)
-        assert fed.site_status["site-NYU"].node_id is not None
-        assert time.monotonic() - held_at >= 19  # let in once the old node expired
+        # let in once the SuperLink let the old node go (two missed 10 s heartbeats)
+        assert fed.site_status["site-NYU"].node_id == zombie.node_id
+        assert time.monotonic() - zombie.died_at >= 10
         assert patient.poll() is None

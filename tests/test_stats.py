@@ -129,3 +129,34 @@ def test_corrected_interval_covers_where_the_naive_one_does_not() -> None:
         corrected_hits += low <= 0 <= high
     assert naive_hits / trials < 0.8
     assert corrected_hits / trials > 0.9
+
+
+def test_repeated_bootstrap_estimates_the_mean_over_repetitions() -> None:
+    from fedbn_med.stats import bootstrap_repeated_difference
+
+    rng = np.random.default_rng(4)
+    y = np.tile([0, 1], 30)
+    site = np.repeat(["A", "B"], 30)
+    a = rng.random((3, 60)) < np.where(y == 1, 0.8, 0.3)  # three repetitions
+    b = rng.random((3, 60)) < 0.5
+    diff, low, high = bootstrap_repeated_difference(y, a, b, site, n_boot=400)
+    expected = np.mean([np.mean([balanced_accuracy(y[site == s], a[r, site == s])
+                                 - balanced_accuracy(y[site == s], b[r, site == s])
+                                 for s in "AB"]) for r in range(3)])
+    assert diff == pytest.approx(expected)
+    assert low < diff < high
+    tested = np.ones((3, 60), dtype=bool)
+    tested[1, :10] = False  # a repetition that did not test some subjects
+    part = bootstrap_repeated_difference(y, a, b, site, tested, n_boot=100)[0]
+    keep = site == "A"
+    keep1 = keep & tested[1]
+    first = np.mean([balanced_accuracy(y[m], a[r, m]) - balanced_accuracy(y[m], b[r, m])
+                     for r, m in ((0, keep), (1, keep1), (2, keep))])
+    second = np.mean([balanced_accuracy(y[~keep], a[r, ~keep])
+                      - balanced_accuracy(y[~keep], b[r, ~keep]) for r in range(3)])
+    assert part == pytest.approx(np.mean([first, second]))
+    assert bootstrap_repeated_difference(y, a, a, site, n_boot=100) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match=r"Expected \(repetitions, 60\) predictions"):
+        bootstrap_repeated_difference(y, a, b[:2], site)
+    with pytest.raises(ValueError, match="Unknown metric 'auc'. Valid: balanced_accuracy"):
+        bootstrap_repeated_difference(y, a, b, site, metric="auc")

@@ -315,7 +315,8 @@ def train(msg: Message, context: Context) -> Message:
     rt.record_release()
     rt.trained.add(rnd)
     digest = rt.save(rnd)
-    fit = {k: bounded({k: v})[k] if k == "train_loss" else v for k, v in fit.items()}
+    if "train_loss" in fit:  # a score of the model it trained from, in training mode
+        fit["train_loss"] = bounded({"train_loss": fit["train_loss"]})["train_loss"]
     sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),

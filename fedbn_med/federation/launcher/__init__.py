@@ -5,6 +5,8 @@
 - :mod:`.flower_cli`: Flower's command lines (SuperLink, ``flwr run``, key registration).
 - :mod:`.sitehost`: the site host, which loads the training stack once and forks sites.
 - :mod:`.devices`: which GPU each local site trains on.
+- :mod:`.fleet_gate`: the server's public port (Fleet API only, signed, bounded).
+- :mod:`.watchdog`: stops the launcher's processes if the launcher dies unannounced.
 """
 
 from __future__ import annotations

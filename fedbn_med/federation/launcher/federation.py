@@ -2,9 +2,10 @@
 
 :class:`LocalFederation` owns every process it starts (SuperLink, site host, site nodes,
 the ``flwr run`` client) and stops them all on exit, on error and on Ctrl-C, children
-included. Servers bind 127.0.0.1 unless a caller passes another host explicitly. It
-learns readiness, progress and exits from typed events
-(:mod:`fedbn_med.federation.events`): the sites' on pipes, the run's in its
+included; should this process die without doing so (SIGKILL), its watchdog
+(:mod:`fedbn_med.federation.launcher.watchdog`) does. Servers bind 127.0.0.1 unless a
+caller passes another host explicitly. It learns readiness, progress and exits from typed
+events (:mod:`fedbn_med.federation.events`): the sites' on pipes, the run's in its
 ``progress.jsonl``.
 """
 
