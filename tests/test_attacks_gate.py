@@ -217,7 +217,7 @@ def test_unsigned_requests_never_reach_the_superlink(gate):
     # every one was answered by the gate itself (Flower says "Invalid SuperNode
     # authentication"), or, once they came too fast, hung up on
     assert set(answers) <= {(401, GATE_401), "closed"}, answers
-    assert sum(answers.values()) >= 40, answers
+    assert sum(answers.values()) >= 20, answers
     # what the SuperLink spent is the site's few calls, not the flood's
     assert cpu < 0.5, (cpu, answers)
     # an unregistered key that signs correctly is refused at the gate too
