@@ -68,3 +68,20 @@ def test_unpack_refuses_a_layout_that_does_not_fit():
         unpack(content)
     with pytest.raises(ValueError, match="no 'payload' record"):
         unpack(RecordDict())
+
+
+@pytest.mark.parametrize("meta, message", [
+    ({"round": "abc"}, "'round' must be the number of rounds completed, a whole number "
+                       "from 0, got 'abc'"),
+    ({"round": -2}, "got -2"),
+    ({}, "got None"),
+    ({"round": 3, "norm_reference": float("nan")}, "'norm_reference' must be a finite number"),
+])
+def test_a_damaged_checkpoint_names_itself_and_the_value(tmp_path, meta, message):
+    from fedbn_med.federation.server.rounds import resume_point
+
+    path = tmp_path / "global.safetensors"
+    with pytest.raises(ValueError, match="Checkpoint .*global.safetensors") as err:
+        resume_point(meta, path)
+    assert message in str(err.value)
+    assert resume_point({"round": 3, "norm_reference": 0.01}, path) == (3, 0.01)

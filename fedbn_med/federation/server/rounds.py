@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flwr.app import Message, MessageType
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tracking import FederationTracker
 
-__all__ = ["HOSPITAL_MAX_SHARE", "FederationServer"]
+__all__ = ["HOSPITAL_MAX_SHARE", "FederationServer", "resume_point"]
 
 logger = logging.getLogger("fedbn_med.server")
 
@@ -133,10 +135,11 @@ class FederationServer(SiteDiscovery, RunResults):
         if set(tensors) != set(self.global_weights):
             raise ValueError(f"Checkpoint {self.checkpoint} does not fit this model/strategy.")
         self.global_weights = tensors
-        self.start_round = int(meta["round"]) + 1  # type: ignore[call-overload]
+        done, reference = resume_point(meta, self.checkpoint)
+        self.start_round = done + 1
         self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
         self.pending = dict(meta.get("pending", {}))  # type: ignore[arg-type]
-        self.norm_reference = float(meta.get("norm_reference", 0.0))  # type: ignore[arg-type]
+        self.norm_reference = reference
         logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
         return str(meta.get("parent_run_id") or "") or None
 
@@ -274,3 +277,23 @@ class FederationServer(SiteDiscovery, RunResults):
                     sites=sorted(fits), missing=missing, private_hashes=hashes,
                     shares=outcome.shares, norms=outcome.norms)
         return fits
+
+
+def resume_point(meta: Mapping[str, object], path: Path) -> tuple[int, float]:
+    """Return the rounds a checkpoint has completed and its outlier-rule reference.
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint's metadata holds anything else, naming the file and the value.
+    """
+    done = meta.get("round")
+    if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+        raise ValueError(f"Checkpoint {path}: 'round' must be the number of rounds "
+                         f"completed, a whole number from 0, got {done!r}.")
+    reference = meta.get("norm_reference", 0.0)
+    if isinstance(reference, bool) or not isinstance(reference, (int, float)) \
+            or not math.isfinite(reference) or reference < 0:
+        raise ValueError(f"Checkpoint {path}: 'norm_reference' must be a finite number "
+                         f"from 0, got {reference!r}.")
+    return done, float(reference)
