@@ -54,7 +54,7 @@ def _zeros(path: Path) -> Path:
 
 
 _CHILD = r"""
-import json, resource, sys
+import json, sys
 from fedbn_med.tasks.imaging.readers import ImageReadError, read_image
 out = {"imaging": []}
 for path in sys.argv[2:]:
@@ -70,7 +70,11 @@ try:
     out["cli"] = "ran"
 except SystemExit as exc:
     out["cli"] = str(exc)
-out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM is this address space's peak RSS; ru_maxrss would carry the forking pytest
+# process's size over exec.
+with open("/proc/self/status") as status:
+    hwm = next(ln for ln in status if ln.startswith("VmHWM:"))
+out["peak_mib"] = int(hwm.split()[1]) / 1024
 print("RESULT " + json.dumps(out))
 """
 
