@@ -16,14 +16,11 @@ tests on the pooled out-of-fold predictions (written to ``predictions.csv``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from pathlib import Path
 
-from _common import LABELS, Benchmark, Budget, bar_plot, make_parser, strategy_config
+from _common import (LABELS, Benchmark, Budget, make_parser, publish_site_comparison,
+                     strategy_config)
 
-from fedbn_med.protocol import run_comparison
-from fedbn_med.report import csv_text
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -49,30 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark(parser, argv)
     specs = {LABELS[s]: strategy_config(bench, s, sites=SITES, weighting=bench.args.weighting)
              for s in STRATEGIES}
-    bench.runs += len(specs) * len(bench.cells)
-    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
-    table = comparison.report()
-    bench.out.mkdir(parents=True, exist_ok=True)
-    (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
-                                               encoding="utf-8")
-
-    def plot(path: Path) -> Path:
-        series = {}
-        for method in comparison.strategies:
-            means, errs = [], []
-            for site in (*SITES, "mean"):
-                mean, _, high = comparison.corrected(
-                    comparison.values(method, "best", "balanced_accuracy", site))
-                means.append(100 * mean)
-                errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
-            series[method] = (means, errs)
-        return bar_plot(path, [*SITES, "mean"], series,
-                        ylabel="test balanced accuracy (%), best-validation round, "
-                               "corrected 95 % CI",
-                        title=f"ABIDE, {bench.args.rounds} rounds, {len(bench.cells)} cells")
-
-    bench.publish(table, comparison.rows(), plot, notes=PAPER, metrics=comparison.metrics())
-    return 0
+    return publish_site_comparison(
+        bench, specs, SITES, notes=PAPER,
+        title=f"ABIDE, {bench.args.rounds} rounds, {len(bench.cells)} cells")
 
 
 if __name__ == "__main__":

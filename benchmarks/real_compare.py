@@ -16,14 +16,11 @@ Preprocessed release, or any release in its layout).
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
-from pathlib import Path
 
-from _common import LABELS, Benchmark, Budget, bar_plot, make_parser, strategy_config
+from _common import (LABELS, Benchmark, Budget, make_parser, publish_site_comparison,
+                     strategy_config)
 
-from fedbn_med.protocol import run_comparison
-from fedbn_med.report import csv_text
 
 NAME = "real_compare"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -71,34 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
                                                weighting=args.weighting)
              for s in args.strategies}
-    bench.runs += len(specs) * len(bench.cells)
-    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
-    table = comparison.report()
-    bench.out.mkdir(parents=True, exist_ok=True)
-    (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
-                                               encoding="utf-8")
-
-    def plot(path: Path) -> Path:
-        series = {}
-        for method in comparison.strategies:
-            means, errs = [], []
-            for site in (*sites, "mean"):
-                mean, _, high = comparison.corrected(
-                    comparison.values(method, "best", "balanced_accuracy", site))
-                means.append(100 * mean)
-                errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
-            series[method] = (means, errs)
-        return bar_plot(path, [*sites, "mean"], series,
-                        ylabel="test balanced accuracy (%), best-validation round, "
-                               "corrected 95 % CI",
-                        title=f"ABIDE {', '.join(sites)}: {args.rounds} rounds, "
-                              f"{len(bench.cells)} cells")
-
     data = args.data_dir or "the built-in cohort"
     notes = (f"Sites {', '.join(sites)} from {data}; SGD lr 0.01, batch 32, one local "
              f"epoch per round, weighting {args.weighting}.")
-    bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics())
-    return 0
+    return publish_site_comparison(
+        bench, specs, sites, notes=notes,
+        title=f"ABIDE {', '.join(sites)}: {args.rounds} rounds, {len(bench.cells)} cells")
 
 
 if __name__ == "__main__":
