@@ -97,6 +97,9 @@ def make_parser(name: str, description: str, *, full: Budget, quick: Budget
                         help=f"seeds per fold, from --seed on (default {full.seeds}; "
                              f"{quick.seeds} with --quick)")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
+    parser.add_argument("--publish", action="store_true",
+                        help="also copy the results into benchmarks/published/ and rewrite "
+                             "the README's block for them (see benchmarks/_published.py)")
     parser.set_defaults(benchmark=name, budget_full=full, budget_quick=quick)
     return parser
 
@@ -115,6 +118,7 @@ class Benchmark:
     def __init__(self, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> None:
         self.started = time.perf_counter()
         args = parser.parse_args(argv)
+        self.argv = list(argv) if argv is not None else None
         budget: Budget = args.budget_quick if args.quick else args.budget_full
         args.rounds = args.rounds or budget.rounds
         args.folds = args.folds or budget.folds
@@ -174,7 +178,8 @@ class Benchmark:
 
     def publish(self, table: str, rows: Sequence[Mapping[str, object]],
                 plot: Callable[[Path], Path], notes: str = "",
-                metrics: Mapping[str, float] | None = None) -> Path:
+                metrics: Mapping[str, float] | None = None, *, protocol: str = "",
+                check: str = "none") -> Path:
         """Write, log and print the results; return the output folder.
 
         Parameters
@@ -189,6 +194,12 @@ class Benchmark:
             Text appended under the table in ``table.md`` (the settings that matter).
         metrics : mapping of str to float, optional
             Summary figures for the benchmark's MLflow run.
+        protocol : str
+            With ``--publish``: how the figures were selected and their interval, after
+            the rounds, folds and repetitions (which are added here).
+        check : str
+            With ``--publish``: what the README test recomputes from the CSV
+            (:func:`_published.publish`).
         """
         self.out.mkdir(parents=True, exist_ok=True)
         wall = self.wall_time
@@ -207,12 +218,41 @@ class Benchmark:
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str),
                                                encoding="utf-8")
         self._log(table + footer, png, summary, metrics or {})
+        if self.args.publish:
+            self._publish(table + (f"\n\n{notes}" if notes else ""), csv_text(rows),
+                          protocol, check)
         print(table)
         if notes:
             print(f"\n{notes}")
         print(f"\n{self.name}: {self.runs} runs in {wall:.1f} s wall time; "
               f"results in {self.out}")
         return self.out
+
+    def data_description(self) -> tuple[str, tuple[str, ...]]:
+        """Return which data this run used (in words) and its sites."""
+        from fedbn_med.spec import RunSpec
+        from fedbn_med.tasks.abide.settings import COHORT_VERSION
+
+        sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task("abide").sites)
+        if self.args.data_dir is None:
+            return (f"built-in cohort v{COHORT_VERSION}, sites {', '.join(sites)}", sites)
+        return ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites "
+                f"{', '.join(sites)}", sites)
+
+    def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
+        from _published import publish, publish_key
+
+        data, sites = self.data_description()
+        real = self.args.data_dir is not None
+        if real:  # the local folder means nothing elsewhere: the command says DATA_DIR
+            report = report.replace(str(self.args.data_dir), "DATA_DIR")
+        design = (f"{self.args.rounds} rounds, {self.args.folds} fold(s) x "
+                  f"{self.args.seeds} repetition(s)")
+        key = publish_key(self.name, sites if real else None, real)
+        folder = publish(key, name=self.name, argv=self.argv, report=report, csv_text=csv,
+                         data=data, protocol=f"{design}{'; ' + protocol if protocol else ''}",
+                         wall_time_s=self.wall_time, check=check)
+        print(f"published to {folder}")
 
     def _log(self, table: str, png: Path, summary: Mapping[str, object],
              metrics: Mapping[str, float]) -> None:
@@ -438,5 +478,8 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
                         ylabel="test balanced accuracy (%), best-validation round, "
                                "corrected 95 % CI", title=title)
 
-    bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics())
+    bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics(),
+                  protocol="each run's result at its round with the lowest mean validation "
+                           "loss; mean [95 % CI] over the cells, corrected for shared "
+                           "subjects (Nadeau-Bengio)", check="comparison")
     return 0

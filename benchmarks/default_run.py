@@ -1,11 +1,17 @@
-"""The main job's default settings on every fold: does any site end below chance?
+"""The main job's default settings on every fold: the selected round, per site and fold.
 
 ``python pipelines/abide_fedbn.py`` runs one fold (0) of the default spec. This runs the
-same spec (in this process: the same numbers as over Flower) on each of the 5 folds and
-prints each site's test accuracy and AUC at the last round, the mean, and how many
-(fold, site) results are below chance (50 %).
+same spec (in this process: the same numbers as over Flower) on each fold and reports
+each run as the pipeline does: at its selected round, the one with the lowest mean
+validation loss over the sites (:meth:`fedbn_med.driver.History.best_round`, the
+protocol's rule), with the last round beside it. Per fold it prints each site's test
+accuracy / balanced accuracy / AUC at that round, the site means, the mean majority rate
+(what predicting each site's training majority scores), the last round's mean accuracy,
+and the sites whose model predicts one class only; then the folds' per-site table of the
+first fold as the pipeline prints it.
 
-    python benchmarks/default_run.py [--folds 5] [--rounds R]
+    python benchmarks/default_run.py [--quick] [--folds 5] [--rounds R]
+        [--sites PITT,YALE,KKI,TRINITY --data-dir REAL]
 """
 
 from __future__ import annotations
@@ -13,41 +19,84 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from _common import markdown_table, run
 
 NAME = "default_run"
+#: --quick: the first fold, 5 rounds.
+QUICK = {"folds": 1, "rounds": 5}
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the default spec on each fold and print the per-site table."""
+    """Run the default spec on each fold and print the per-fold, per-site table."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--folds", type=int, default=5, help="folds 0..N-1 (default 5)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI-sized run: {QUICK['folds']} fold, {QUICK['rounds']} rounds")
+    parser.add_argument("--folds", type=int, default=None, help="folds 0..N-1 (default 5)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="communication rounds (default: the task's)")
+    parser.add_argument("--sites", default=None,
+                        help="comma-separated sites (default: the task's)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder holding ABIDE_pcp/ (real ABIDE); default: the built-in "
+                             "cohort")
     args = parser.parse_args(argv)
+    folds = args.folds or (QUICK["folds"] if args.quick else 5)
+    if not 1 <= folds <= 5:
+        parser.error(f"--folds must be from 1 to 5 (the folds of the split), got {folds}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds must be a positive integer, got {args.rounds}")
+    if args.data_dir is not None and not (args.data_dir / "ABIDE_pcp").is_dir():
+        parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); "
+                     f"{args.data_dir} does not")
     from fedbn_med.spec import RunSpec
 
     started = time.perf_counter()
-    spec = RunSpec.for_task("abide")
-    if args.rounds is not None:
-        spec = spec.replace(rounds=args.rounds)
-    body, below, total = [], 0, 0
-    for fold in range(args.folds):
-        final = run(spec.replace(fold=fold)).final()
-        accs = {site: float(final[site]["test_accuracy"]) for site in spec.sites}
-        aucs = {site: float(final[site]["test_auc"]) for site in spec.sites}
-        below += sum(a < 0.5 for a in accs.values())
+    overrides: dict[str, object] = {}
+    if args.rounds is not None or args.quick:
+        overrides["rounds"] = args.rounds or QUICK["rounds"]
+    if args.sites:
+        overrides["sites"] = tuple(s.strip() for s in args.sites.split(",") if s.strip())
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir.expanduser().resolve()
+    spec = RunSpec.for_task("abide", **overrides)
+    body, below, one_class, total, first_table = [], 0, 0, 0, ""
+    for fold in range(folds):
+        result = run(spec.replace(fold=fold)).result()
+        sel, last = result.selected, result.last
+        accs = [float(sel[s]["test_accuracy"]) for s in spec.sites]
+        bals = [float(sel[s]["test_balanced_accuracy"]) for s in spec.sites]
+        majority = [float(sel[s].get("test_majority_rate", float("nan"))) for s in spec.sites]
+        below += sum(a < 0.5 for a in accs)
+        one_class += len(result.one_class)
         total += len(accs)
-        body.append([fold, *[f"{100 * accs[s]:.1f} / {100 * aucs[s]:.1f}" for s in spec.sites],
-                     f"{100 * sum(accs.values()) / len(accs):.1f}"])
-    table = markdown_table(["fold", *[f"{s} acc / AUC (%)" for s in spec.sites],
-                            "mean acc (%)"], body)
-    print(f"{spec.label}, {spec.rounds} rounds, seed {spec.seed}, test split, last round\n")
+        cells = [f"{_pct(sel[s]['test_accuracy'])} / {_pct(sel[s]['test_balanced_accuracy'])}"
+                 f" / {_pct(sel[s]['test_auc'])}" for s in spec.sites]
+        body.append([fold, f"{result.selected_round} of {result.last_round}", *cells,
+                     _pct(sum(accs) / len(accs)), _pct(sum(bals) / len(bals)),
+                     _pct(sum(majority) / len(majority)),
+                     _pct(sum(float(last[s]["test_accuracy"]) for s in spec.sites)
+                          / len(spec.sites)),
+                     ", ".join(result.one_class) or "none"])
+        if fold == 0:
+            first_table = result.table
+    table = markdown_table(
+        ["fold", "selected round", *[f"{s} acc / bal. acc / AUC (%)" for s in spec.sites],
+         "mean acc (%)", "mean bal. acc (%)", "mean majority rate (%)",
+         "last round: mean acc (%)", "one class only"], body)
+    data = "built-in cohort" if args.data_dir is None else f"real ABIDE ({args.data_dir})"
+    print(f"{spec.label}, {spec.rounds} rounds, seed {spec.seed}, {data}; test split at the "
+          "selected round (lowest mean validation loss over the sites)\n")
     print(table)
-    print(f"\n(fold, site) results below 50 % accuracy: {below} of {total}; "
-          f"{time.perf_counter() - started:.1f} s")
+    print(f"\nFold 0, per site, as the pipeline prints it:\n\n{first_table}")
+    print(f"\n(fold, site) results below 50 % accuracy: {below} of {total}; predicting one "
+          f"class only: {one_class} of {total}; {time.perf_counter() - started:.1f} s")
     return 0
 
 

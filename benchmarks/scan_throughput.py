@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import _csv_text, markdown_table  # noqa: E402
+from _common import markdown_table  # noqa: E402
 
 STEPS = ("LoadImaged", "CheckBoldd", "ResampleToAtlasd", "ExtractRoiSignalsd", "write")
 
@@ -40,7 +40,7 @@ def _measure(bids: str, out: str, clean: bool, queue: mp.Queue) -> None:
                **{f"{k}_s": round(report.seconds.get(k, 0.0), 2) for k in STEPS}})
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     """Generate the scans, time each setting and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="8 subjects x 60 volumes (CI)")
@@ -71,8 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Wall time {time.perf_counter() - started:.1f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(table + "\n", encoding="utf-8")
-    (args.out / "table.csv").write_text(_csv_text(rows), encoding="utf-8")
+    from fedbn_med.report import csv_text
+
+    (args.out / "table.csv").write_text(csv_text(rows), encoding="utf-8")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
-_SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "seed",
-                 "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
+_SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "dropout",
+                 "seed", "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
                  "dp_seeded_noise", "weighting", "bn_init", "threads")
 #: --compare's seeds per fold unless --seeds says otherwise (it runs every fold).
 COMPARE_SEEDS = 3
@@ -98,6 +98,8 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                    help=f"examples per batch (default {d.get('batch_size', 32)})")
     p.add_argument("--lr", type=float, default=None,
                    help=f"SGD learning rate (default {d.get('lr', 1e-2):g})")
+    p.add_argument("--dropout", type=float, default=None,
+                   help=f"dropout of the ABIDE network (default {d.get('dropout', 0.0):g})")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--weighting", choices=WEIGHTINGS, default=None,
                    help="how the server averages shared weights: by training examples "

@@ -19,6 +19,7 @@ from fedbn_med.strategies import Strategy
 from fedbn_med.trainer import SiteTrainer
 
 if TYPE_CHECKING:
+    from fedbn_med.report import RunResult
     from fedbn_med.spec import RunSpec
 
 __all__ = ["History", "run_in_process", "run_spec"]
@@ -35,7 +36,8 @@ class History:
     rows : list of dict
         One row per (round, site): ``{"round": r, "site": s, "num_examples": n, ...}``.
     global_weights : dict
-        The final values of the exchanged keys (empty for SingleSet).
+        The final values of the exchanged keys (empty for SingleSet): the last round's,
+        not the selected round's (:meth:`best_round`).
     """
 
     strategy: str
@@ -49,11 +51,33 @@ class History:
 
     def final(self) -> dict[str, dict[str, float]]:
         """Return each site's metrics at the last round."""
-        last = self.rounds
-        return {
-            str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
-            for r in self.rows if int(r["round"]) == last
-        }
+        from fedbn_med.report import metrics_at
+
+        return metrics_at(self.rows, self.rounds)
+
+    def best_round(self) -> int:
+        """Return the run's selected round: the lowest mean validation loss over the sites.
+
+        The comparison protocol's rule (:func:`fedbn_med.protocol.best_round`): the
+        earliest such round; without validation scores, the last round.
+        """
+        from fedbn_med.protocol import best_round
+
+        return best_round(self.rows)
+
+    def selected(self) -> dict[str, dict[str, float]]:
+        """Return each site's metrics at the selected round (:meth:`best_round`).
+
+        This is the run's result; a DP site's epsilon is the whole run's, as in
+        :func:`fedbn_med.report.run_result`.
+        """
+        return self.result().selected
+
+    def result(self) -> RunResult:
+        """Return the run's result: the selected round, the last round and their table."""
+        from fedbn_med.report import run_result
+
+        return run_result(self.rows, weights_round=self.rounds if self.global_weights else None)
 
 
 RoundCallback = Callable[[int, Mapping[str, Mapping[str, float]]], None]
@@ -105,7 +129,7 @@ def run_in_process(
     if strategy.pooled and pooled is None:
         raise ValueError(f"Strategy '{strategy.name}' needs the pooled trainer (pooled=...).")
     history = History(strategy=strategy.label)
-    first = pooled if strategy.pooled else next(iter(trainers.values()))
+    first = pooled if strategy.pooled and pooled is not None else next(iter(trainers.values()))
     global_weights = first.shared_weights()
     private = first.partition.all - first.exchanged
     # SCAFFOLD's server variate, over the keys every site controls (empty otherwise)
@@ -159,7 +183,11 @@ def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
     strategy = spec.strategy_obj()
     trainers = {name: task.build_site(name, spec, spec.data_dir, spec.device)
                 for name in spec.sites}
-    pooled = task.build_pooled(trainers, spec) if strategy.pooled else None
+    if strategy.pooled and task.build_pooled is None:
+        raise ValueError(f"Strategy '{strategy.name}' pools every site's data, and task "
+                         f"'{spec.task}' has no pooled baseline; choose another strategy.")
+    pooled = (task.build_pooled(trainers, spec)
+              if strategy.pooled and task.build_pooled is not None else None)
     first = next(iter(trainers.values()))
     history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled, on_round=on_round,
                              weighting=spec.weighting)

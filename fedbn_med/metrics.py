@@ -13,7 +13,12 @@ import numpy as np
 
 __all__ = ["METRIC_NAMES", "classification_metrics", "roc_auc"]
 
-METRIC_NAMES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss")
+#: The names :func:`classification_metrics` returns (``majority_rate`` when told the
+#: training majority). ``n`` is a count (subjects scored); every other one is a rate but
+#: ``loss``. ``positive_rate`` is the share of subjects predicted positive: 0 or 1 means
+#: the model predicts one class only.
+METRIC_NAMES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss", "n", "positive_rate",
+                "majority_rate")
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -40,12 +45,25 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 
 def classification_metrics(
-    labels: np.ndarray, prob_positive: np.ndarray, loss: float
+    labels: np.ndarray, prob_positive: np.ndarray, loss: float, *,
+    majority: int | None = None,
 ) -> dict[str, float]:
     """Return accuracy, balanced accuracy, ROC AUC, F1 and loss for binary predictions.
 
     AUC is NaN when the labels hold a single class (it is undefined there); balanced
-    accuracy averages the recall of the classes present in ``labels``.
+    accuracy averages the recall of the classes present in ``labels``. With them come
+    ``n`` (the subjects scored) and ``positive_rate`` (the share predicted positive,
+    at the 0.5 threshold accuracy uses).
+
+    Parameters
+    ----------
+    labels, prob_positive : np.ndarray
+        Each subject's label (0 or 1) and predicted probability of the positive class.
+    loss : float
+        The loss of these predictions (reported as given).
+    majority : {0, 1}, optional
+        The majority class of the training split: adds ``majority_rate``, the accuracy of
+        a predictor that always says that class (the share of ``labels`` equal to it).
     """
     labels = np.asarray(labels)
     prob_positive = np.asarray(prob_positive, dtype=np.float64)
@@ -63,10 +81,17 @@ def classification_metrics(
     recalls = [r for r, n in ((tp / max(1, tp + fn), tp + fn), (tn / max(1, tn + fp), tn + fp))
                if n > 0]
     denom = 2 * tp + fp + fn
-    return {
+    scores = {
         "accuracy": (tp + tn) / labels.size,
         "balanced_accuracy": float(sum(recalls) / len(recalls)),
         "auc": roc_auc(truth, prob_positive),
         "f1": 2 * tp / denom if denom else 0.0,
         "loss": float(loss),
+        "n": float(labels.size),
+        "positive_rate": (tp + fp) / labels.size,
     }
+    if majority is not None:
+        if majority not in (0, 1):
+            raise ValueError(f"majority must be the class 0 or 1, got {majority!r}.")
+        scores["majority_rate"] = float(np.mean(truth == bool(majority)))
+    return scores

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fedbn_med.spec import RunSpec
@@ -28,13 +29,16 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     Returns
     -------
     dict
-        ``strategy``, ``final`` (each site's last metrics), ``table`` (markdown), ``rows``
-        (every round and site) and ``parent_run_id`` (MLflow), as the Flower engine returns.
+        As the Flower engine returns: ``strategy``; ``selected`` (each site's metrics at
+        ``selected_round``, the round of lowest mean validation loss over the sites: the
+        run's result); ``final`` (each site's metrics at ``last_round``); ``table``
+        (markdown: the selected round, the last round's scores beside it, the round of the
+        saved weights and any site that predicts one class only); ``rows`` (every round and
+        site) and ``parent_run_id`` (MLflow).
     """
     from tqdm.auto import tqdm
 
     from fedbn_med.driver import run_spec
-    from fedbn_med.report import result_columns, site_table
     from fedbn_med.tasks import get_task
     from fedbn_med.tracking import FederationTracker
 
@@ -45,15 +49,15 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     bar = tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
                dynamic_ncols=True)
 
-    def on_round(rnd: int, metrics: dict) -> None:
+    def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         tracker.log_round(rnd, metrics)
         bar.update(1)
 
     try:
         history, kept = run_spec(spec, on_round=on_round)
-        final = history.final()
-        table = site_table(final, result_columns(final))
-        tracker.log_text(table + "\n", "results.md")
+        result = history.result()
+        tracker.log_text(result.table + "\n", "results.md")
+        tracker.log_metrics({"selected_round": result.selected_round})
         if history.global_weights:
             tracker.log_shared_weights(history.global_weights, kept)
     except BaseException:
@@ -62,5 +66,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     finally:
         bar.close()
     tracker.finish()
-    return {"strategy": history.strategy, "final": final, "table": table,
-            "rows": history.rows, "parent_run_id": tracker.parent_id}
+    return {"strategy": history.strategy, "selected": result.selected,
+            "selected_round": result.selected_round, "final": result.last,
+            "last_round": result.last_round, "table": result.table, "rows": history.rows,
+            "parent_run_id": tracker.parent_id}

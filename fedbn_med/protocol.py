@@ -73,12 +73,12 @@ _NAMES = {"balanced_accuracy": "balanced accuracy", "auc": "AUC", "accuracy": "a
 
 
 def _site_rows(rows: Iterable[Mapping[str, object]], rnd: int) -> dict[str, Mapping]:
-    return {str(r["site"]): r for r in rows if int(r["round"]) == rnd}  # type: ignore[arg-type]
+    return {str(r["site"]): r for r in rows if int(r["round"]) == rnd}  # type: ignore[call-overload]
 
 
 def _mean_over_sites(rows: Iterable[Mapping[str, object]], rnd: int, key: str) -> float:
-    values = [float(r[key]) for r in _site_rows(rows, rnd).values()  # type: ignore[arg-type]
-              if key in r and math.isfinite(float(r[key]))]  # type: ignore[arg-type]
+    values = [float(r[key]) for r in _site_rows(rows, rnd).values()
+              if key in r and math.isfinite(float(r[key]))]
     return float(np.mean(values)) if values else math.nan
 
 
@@ -106,7 +106,7 @@ def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss") -> in
 def scores_at(rows: Sequence[Mapping[str, object]], rnd: int, metric: str
               ) -> dict[str, float]:
     """Return each site's test ``metric`` at round ``rnd``, and their ``"mean"``."""
-    per_site = {site: float(r[f"test_{metric}"])  # type: ignore[arg-type]
+    per_site = {site: float(r[f"test_{metric}"])
                 for site, r in _site_rows(rows, rnd).items() if f"test_{metric}" in r}
     finite = [v for v in per_site.values() if math.isfinite(v)]
     return {**per_site, "mean": float(np.mean(finite)) if finite else math.nan}

@@ -6,13 +6,16 @@ import csv
 import io
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fedbn_med.protocol import format_interval
+from fedbn_med.protocol import best_round, format_interval
 
-__all__ = ["convergence_plot", "paper_table", "paper_table_csv", "result_columns", "site_table"]
+__all__ = ["RunResult", "convergence_plot", "metrics_at", "paper_table", "paper_table_csv",
+           "result_columns", "run_result", "site_table"]
 
 
 def _fmt(value: float, pct: bool) -> str:
@@ -38,43 +41,177 @@ def _epsilon_label(col: str, final: Mapping[str, Mapping[str, float]]) -> str:
     return f"{name} ({'; '.join(notes)})"
 
 
+#: What a site reports beside its scores, in this order after them (``test_n`` first).
+_COUNTS = ("test_n", "test_majority_rate", "test_positive_rate")
+_HEADERS = {"test_n": "test n", "test_majority_rate": "majority rate",
+            "test_positive_rate": "predicted positive", "num_examples": "train examples",
+            "test_balanced_accuracy": "balanced accuracy", "test_auc": "AUC"}
+#: The scores shown again at the last round, beside the selected round's (those present).
+_LAST = ("test_accuracy", "test_balanced_accuracy", "test_auc", "test_dice")
+
+
 def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
-    """Return the columns of a results table: every test metric but the loss, the epsilon a
-    DP site spent, then size."""
+    """Return the columns of a results table: test n, every test score but the loss, the
+    majority rate and the share predicted positive, the epsilon a DP site spent, then size."""
     first = next(iter(final.values()), {})
     dp = tuple(k for k in _EPSILONS if any(k in m for m in final.values()))
-    return (*[k for k in first if k.startswith("test_") and k != "test_loss"], *dp,
-            "num_examples")
+    counts = [k for k in _COUNTS if any(k in m for m in final.values())]
+    scores = [k for k in first if k.startswith("test_") and k != "test_loss"
+              and k not in _COUNTS]
+    return (*counts[:1], *scores, *counts[1:], *dp, "num_examples")
+
+
+def _wilson_cell(metrics: Mapping[str, float], value: float) -> str:
+    from fedbn_med.stats import wilson_interval
+
+    n = metrics.get("test_n", math.nan)
+    if math.isnan(value) or not (math.isfinite(n) and n >= 1):
+        return _fmt(value, True)
+    low, high = wilson_interval(value * round(n), int(round(n)))
+    return f"{100 * value:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def _header(col: str, final: Mapping[str, Mapping[str, float]]) -> str:
+    if col in _EPSILONS:
+        return _epsilon_label(col, final)
+    if col == "test_accuracy" and any("test_n" in m for m in final.values()):
+        return "accuracy [95 % Wilson]"
+    return _HEADERS.get(col, col.replace("test_", ""))
 
 
 def site_table(
     final: Mapping[str, Mapping[str, float]],
     columns: Sequence[str] = ("test_accuracy", "test_auc", "test_balanced_accuracy",
                               "test_f1", "num_examples"),
+    *, last: Mapping[str, Mapping[str, float]] | None = None, last_label: str = "last",
 ) -> str:
-    """Return a markdown table with one row per site and a mean row (rates in %)."""
-    header = ["site", *[_epsilon_label(c, final) if c in _EPSILONS else
-                        c.replace("test_", "") for c in columns]]
+    """Return a markdown table with one row per site and a mean row (rates in %).
+
+    A site's accuracy carries its Wilson 95 % interval when the site reported its test
+    ``n``; the mean row holds the mean over sites (counts: the sum). With ``last``, the
+    headline scores of those metrics (e.g. the last round's) follow, headed
+    ``last_label``.
+    """
+    extra = [c for c in _LAST if last and any(c in m for m in last.values())]
+    header = ["site", *[_header(c, final) for c in columns],
+              *[f"{last_label}: {_header(c, {}).split(' [')[0]}" for c in extra]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for site in final:
         row = [site]
         for col in columns:
-            value = final[site].get(col, math.nan)
-            row.append(str(int(value)) if col == "num_examples"
-                       else _fmt(value, col not in _EPSILONS))
+            value = float(final[site].get(col, math.nan))
+            if col in ("num_examples", "test_n"):
+                row.append("n/a" if math.isnan(value) else str(int(round(value))))
+            elif col == "test_accuracy":
+                row.append(_wilson_cell(final[site], value))
+            else:
+                row.append(_fmt(value, col not in _EPSILONS))
+        row += [_fmt(float((last or {}).get(site, {}).get(c, math.nan)), True) for c in extra]
         lines.append("| " + " | ".join(row) + " |")
     mean_row = ["mean"]
-    for col in columns:
-        vals = [float(final[s][col]) for s in final if col in final[s]]
-        vals = [v for v in vals if not math.isnan(v)]
-        if col == "num_examples":
-            mean_row.append(str(int(sum(vals))) if vals else "n/a")
-        elif col in _EPSILONS:  # the federation's worst case, not a mean
-            mean_row.append(_fmt(max(vals), False) if vals else "n/a")
-        else:
-            mean_row.append(_fmt(float(np.mean(vals)), True) if vals else "n/a")
+    for table, cols in ((final, columns), (last or {}, extra)):
+        for col in cols:
+            vals = [float(table[s][col]) for s in table if col in table[s]]
+            vals = [v for v in vals if not math.isnan(v)]
+            if col in ("num_examples", "test_n"):
+                mean_row.append(str(int(round(sum(vals)))) if vals else "n/a")
+            elif col in _EPSILONS:  # the federation's worst case, not a mean
+                mean_row.append(_fmt(max(vals), False) if vals else "n/a")
+            else:
+                mean_row.append(_fmt(float(np.mean(vals)), True) if vals else "n/a")
     lines.append("| " + " | ".join(mean_row) + " |")
     return "\n".join(lines)
+
+
+def metrics_at(rows: Sequence[Mapping[str, Any]], rnd: int,
+               sites: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Return each site's metrics at round ``rnd`` (in ``sites`` order, else as found)."""
+    found = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
+             for r in rows if int(r["round"]) == rnd}
+    return found if sites is None else {s: found[s] for s in sites if s in found}
+
+
+#: What a run spends over all its rounds: reported from its last round at any round.
+_RUN_TOTALS = (*_EPSILONS, "dp_delta", "dp_seeded")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A single run's result: its selected round's model, with the last round beside it.
+
+    Attributes
+    ----------
+    selected_round : int
+        The round with the lowest mean validation loss over the sites
+        (:func:`fedbn_med.protocol.best_round`, the comparison protocol's rule): the
+        run's result is that round's model. No test split takes part in choosing it.
+    last_round : int
+        The run's last round.
+    selected, last : dict
+        Each site's metrics at those rounds. A DP site's epsilon in ``selected`` is the
+        whole run's (its last round's): the run spent it, whichever round is kept.
+    table : str
+        The per-site markdown table, with the selection, the saved weights and any
+        one-class site stated under it.
+    one_class : tuple of str
+        Sites whose model predicts one class only at the selected round.
+    """
+
+    selected_round: int
+    last_round: int
+    selected: dict[str, dict[str, float]]
+    last: dict[str, dict[str, float]]
+    table: str
+    one_class: tuple[str, ...] = ()
+
+
+def _one_class(selected: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
+    return tuple(site for site, m in selected.items()
+                 if float(m.get("test_positive_rate", 0.5)) in (0.0, 1.0))
+
+
+def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = None, *,
+               weights_round: int | None = None) -> RunResult:
+    """Return a run's result from its per-round rows: the selected round, then the last.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        One row per (round, site), as :class:`fedbn_med.driver.History` holds them.
+    sites : sequence of str, optional
+        Table order (default: as found in the rows).
+    weights_round : int, optional
+        The round whose shared weights the run saves, stated under the table (None: the
+        run saves no shared weights, e.g. SingleSet).
+    """
+    chosen = best_round(rows)
+    last = max(int(r["round"]) for r in rows)
+    at_last = metrics_at(rows, last, sites)
+    selected = {site: {**m, **{k: at_last[site][k] for k in _RUN_TOTALS
+                               if k in at_last.get(site, {})}}
+                for site, m in metrics_at(rows, chosen, sites).items()}
+    table = site_table(selected, result_columns(selected), last=at_last,
+                       last_label=f"round {last}")
+    validated = any("val_loss" in r for r in rows)
+    rule = ("the lowest mean validation loss over the sites" if validated
+            else "no validation loss was reported: the last round")
+    notes = [f"Round {chosen} of {last} selected ({rule}); the last round's scores beside it."]
+    if weights_round is None:
+        notes.append("No shared weights are saved.")
+    elif weights_round == chosen:
+        notes.append(f"Saved model: the shared weights of round {weights_round}, the "
+                     "selected round.")
+    else:
+        notes.append(f"Saved model: the shared weights of round {weights_round}, not of the "
+                     f"selected round {chosen}.")
+    one_class = _one_class(selected)
+    for site in one_class:
+        share = 100 * float(selected[site]["test_positive_rate"])
+        notes.append(f"Warning: {site} predicts one class only at round {chosen} (predicted "
+                     f"positive {share:.0f} %): its accuracy is that class's share of its "
+                     "test split.")
+    return RunResult(chosen, last, selected, at_last,
+                     table + "\n\n" + "\n".join(notes), one_class)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

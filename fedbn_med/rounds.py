@@ -225,7 +225,7 @@ def update_norm(weights: Mapping[str, torch.Tensor], reference: Mapping[str, tor
     for key, tensor in weights.items():
         diff = tensor.detach().double() - reference[key].detach().double()
         total += float(torch.sum(diff * diff))
-    return total ** 0.5
+    return math.sqrt(total)
 
 
 def _median(values: Sequence[float]) -> float:

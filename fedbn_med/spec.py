@@ -83,7 +83,7 @@ def _positive_int(name: str, value: object) -> None:
 
 
 def _default_settings() -> TaskSettings:
-    return settings_module("abide").Settings()  # type: ignore[no-any-return]
+    return settings_module("abide").Settings()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@
   (2014).
 - :func:`bootstrap_difference`: a bootstrap over subjects stratified by site of the
   difference of a site-mean score.
+- :func:`wilson_interval`: the Wilson score interval of one proportion (a site's test
+  accuracy over its ``n`` subjects).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fedbn_med.metrics import roc_auc
 __all__ = [
     "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",
     "bootstrap_repeated_difference", "corrected_t_interval", "delong", "mcnemar",
-    "naive_t_interval",
+    "naive_t_interval", "wilson_interval",
 ]
 
 
@@ -91,6 +93,33 @@ def corrected_t_interval(values: Sequence[float], test_train_ratio: float,
                          f"0.25 for 5 folds), got {test_train_ratio!r}.")
     arr = _finite(values)
     return _t_interval(arr, 1.0 / max(arr.size, 1) + test_train_ratio, level)
+
+
+def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Return the Wilson score interval (low, high) of the proportion ``successes / n``.
+
+    Unlike the normal (Wald) interval it stays inside [0, 1] and keeps its coverage for
+    the small test splits of a site (tens of subjects) and for proportions near 0 or 1.
+    ``successes`` may be a rate times ``n`` that is a whole number only up to rounding.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is not a whole number of at least 1, ``successes`` not in [0, n], or
+        ``level`` not in (0, 1).
+    """
+    from scipy import stats
+
+    _check_level(level)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a whole number of subjects >= 1, got {n!r}.")
+    if not (math.isfinite(successes) and -1e-6 <= successes <= n + 1e-6):
+        raise ValueError(f"successes must be a count from 0 to n = {n}, got {successes!r}.")
+    p = min(max(successes / n, 0.0), 1.0)
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
@@ -235,11 +264,11 @@ def _threshold_scores(y: np.ndarray, pred: np.ndarray, metric: str) -> np.ndarra
     """Return ``metric`` of each row of ``(resamples, subjects)`` labels and predictions."""
     y = y.astype(bool)
     if metric == "accuracy":
-        return np.mean(pred == y, axis=1)
+        return np.asarray(np.mean(pred == y, axis=1), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
         recalls = np.stack([np.sum(pred & y, axis=1) / np.sum(y, axis=1),
                             np.sum(~pred & ~y, axis=1) / np.sum(~y, axis=1)])
-    return np.nanmean(recalls, axis=0)
+    return np.asarray(np.nanmean(recalls, axis=0), dtype=float)
 
 
 def _auc(labels: np.ndarray, prob: np.ndarray) -> float:
@@ -309,8 +338,8 @@ def _weighted_scores(weights: np.ndarray, y: np.ndarray, pred: np.ndarray, teste
         tn = weights @ (neg & ~pred).astype(float)
         n_pos, n_neg = weights @ pos.astype(float), weights @ neg.astype(float)
         if metric == "accuracy":
-            return (tp + tn) / (n_pos + n_neg)
-        return np.nanmean(np.stack([tp / n_pos, tn / n_neg]), axis=0)
+            return np.asarray((tp + tn) / (n_pos + n_neg), dtype=float)
+        return np.asarray(np.nanmean(np.stack([tp / n_pos, tn / n_neg]), axis=0), dtype=float)
 
 
 def bootstrap_repeated_difference(labels: np.ndarray, pred_a: np.ndarray, pred_b: np.ndarray,

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -116,8 +117,8 @@ def estimate_bn_statistics(model: nn.Module, batches: Iterable[torch.Tensor],
     finally:
         for m, momentum in zip(layers, saved):
             m.momentum = momentum
-        for m, mode in modes:
-            m.training = mode
+        for module, mode in modes:
+            module.training = mode
     return seen
 
 
@@ -455,7 +456,7 @@ class SiteTrainer:
         layers = bn_layers(self.model)
         x = self.data.train[0]
         # Only layers that never saw a batch: a resumed or averaged layer keeps its values.
-        if not layers or x.shape[0] < 2 or any(int(m.num_batches_tracked) for m in layers):
+        if not layers or x.shape[0] < 2 or any(int(cast(torch.Tensor, m.num_batches_tracked)) for m in layers):
             return
         estimate_bn_statistics(self.model, self._bn_batches(), self.device)
 
@@ -570,16 +571,32 @@ class SiteTrainer:
             out.append(torch.softmax(logits, dim=1)[:, 1].cpu())
         return torch.cat(out) if out else torch.empty(0)
 
+    def _train_majority(self) -> int | None:
+        """Return the majority class of this site's training split, None without one.
+
+        Ties go to the positive class, as in the protocol's majority-class row (which
+        predicts the training share of positives at the 0.5 threshold). Counted over the
+        training rows: with sliding windows, a subject counts once per window.
+        """
+        train = getattr(self.data, "train", None)
+        if not (isinstance(train, tuple) and len(train) == 2
+                and isinstance(train[1], torch.Tensor) and train[1].numel() > 0):
+            return None
+        return int(float(train[1].double().mean()) >= 0.5)
+
     @torch.no_grad()
     def _score(self, x: torch.Tensor, y: torch.Tensor,
                groups: torch.Tensor | None = None) -> dict[str, float]:
+        # classification_metrics also gives n, the share predicted positive and, told the
+        # training majority, the majority-class predictor's accuracy on these subjects
+        majority = self._train_majority()
         self.model.eval()
         logits = torch.cat([self.model(x[s:s + 512].to(self.device)).cpu()
                             for s in range(0, x.shape[0], 512)])
         if groups is None:
             loss = float(nn.functional.cross_entropy(logits, y))
             prob = torch.softmax(logits, dim=1)[:, 1].numpy()
-            return classification_metrics(y.numpy(), prob, loss)
+            return classification_metrics(y.numpy(), prob, loss, majority=majority)
         # One score per subject: the mean of its rows' (windows') probabilities.
         _, inverse = torch.unique(groups, return_inverse=True)
         n = int(inverse.max()) + 1
@@ -588,12 +605,16 @@ class SiteTrainer:
         probs /= torch.bincount(inverse, minlength=n).unsqueeze(1)
         labels = torch.zeros(n, dtype=torch.int64).scatter_(0, inverse, y)
         loss = float(nn.functional.nll_loss(torch.log(probs.clamp_min(1e-12)), labels))
-        return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss)
+        return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss,
+                                      majority=majority)
 
     def score(self, data: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Load the given global weights and score the validation and test splits.
 
-        Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``.
+        Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``: the
+        names of :data:`fedbn_med.metrics.METRIC_NAMES` on each split, among them
+        ``test_n`` (subjects), ``test_positive_rate`` (share predicted positive) and
+        ``test_majority_rate`` (what predicting the training majority scores).
         """
         self.load_shared(data or {})
         metrics: dict[str, float] = {}

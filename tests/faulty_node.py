@@ -46,5 +46,9 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
 
 
 if __name__ == "__main__":
+    if sys.argv[1] != "mute":  # a mute node never loads its data
+        from keyed import preload_task  # this file's folder, tests/, is on sys.path
+
+        preload_task()
     client_app.app = _faulty(sys.argv[1], client_app.app)
     main(sys.argv[2:])

@@ -14,6 +14,12 @@ Two values of ``b`` give ``a_c`` and ``c_c``.
 
 Then it sends crafted train messages with ``evaluate-first`` and counts the scores that
 come back. It writes what it got as JSON to the path its run config names.
+
+The run config's ``channels`` (default: all 16) says how many channels it probes, so how
+many crafted evaluations each site gets (4 per channel). It collects replies as the
+package's own server does (:class:`~fedbn_med.federation.server.grid.FastGrid`), not
+with Flower's ``send_and_receive``, which waits 3 s between looks: an operator may use
+any client of the SuperLink's ServerAppIo API it likes.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from flwr.app import Context, Message, MessageType
 from flwr.serverapp import Grid, ServerApp
 
 from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.server.grid import FastGrid
 
 app = ServerApp()
 
@@ -53,12 +60,14 @@ def _gap(loss_sum: float) -> float:
 def main(grid: Grid, context: Context) -> None:
     """Probe every connected site; write the estimates and the replies' fates."""
     cfg = json.loads(str(context.run_config["oracle"]))
+    channels = int(cfg.get("channels", HIDDEN))
+    fast = FastGrid(grid)
     deadline = time.monotonic() + 60
     nodes: list[int] = []
     while time.monotonic() < deadline and len(nodes) < int(cfg["sites"]):
         nodes = sorted(grid.get_node_ids())
         time.sleep(0.2)
-    answers = grid.send_and_receive(
+    answers = fast.send(
         [Message(pack(), dst_node_id=n, message_type=MessageType.QUERY, group_id="who")
          for n in nodes], timeout=60)
     sites = {}
@@ -66,7 +75,7 @@ def main(grid: Grid, context: Context) -> None:
         if not reply.has_error():
             info = unpack(reply.content).section("info")
             sites[reply.metadata.src_node_id] = (str(info["site"]), int(info["input-shape"][0]))
-    probes = [(c, b, s) for c in range(HIDDEN) for b in BIASES for s in (1.0, -1.0)]
+    probes = [(c, b, s) for c in range(channels) for b in BIASES for s in (1.0, -1.0)]
     messages = [Message(pack(_probe(in_features, c, b, s), config={"round": cfg["round"]}),
                         dst_node_id=node, message_type=MessageType.EVALUATE,
                         group_id=f"probe-{i}")
@@ -74,7 +83,7 @@ def main(grid: Grid, context: Context) -> None:
                 for i, (c, b, s) in enumerate(probes)]
     losses: dict[int, dict[tuple[int, float, float], float]] = {n: {} for n in sites}
     errors: dict[int, list[str]] = {n: [] for n in sites}
-    for reply in grid.send_and_receive(messages, timeout=300):
+    for reply in fast.send(messages, timeout=300):
         node = reply.metadata.src_node_id
         if reply.has_error():
             errors[node].append(reply.error.reason)
@@ -86,7 +95,7 @@ def main(grid: Grid, context: Context) -> None:
     for node, (site, in_features) in sites.items():
         got = losses[node]
         scale, shift = [math.nan] * HIDDEN, [math.nan] * HIDDEN
-        for c in range(HIDDEN):
+        for c in range(channels):
             if all((c, b, s) in got for b in BIASES for s in (1.0, -1.0)):
                 g = [_gap(got[(c, b, 1.0)] + got[(c, b, -1.0)]) for b in BIASES]
                 if min(g) > 0:  # both on the linear side of the ReLU
@@ -99,7 +108,7 @@ def main(grid: Grid, context: Context) -> None:
             message = Message(pack(_probe(in_features, 0, BIASES[0], 1.0), config={
                 "round": rnd, "local-epochs": 1, "evaluate-first": True}),
                 dst_node_id=node, message_type=MessageType.TRAIN, group_id=f"train-{rnd}")
-            (reply,) = grid.send_and_receive([message], timeout=120)
+            (reply,) = fast.send([message], timeout=120)
             evals = {} if reply.has_error() else unpack(reply.content).floats("eval")
             trained_scores.append(evals.get("test_loss"))
         out[site] = {"scale": scale, "shift": shift, "scores": len(got),

@@ -374,12 +374,18 @@ def _site_accuracy(data: dict[str, SiteFeatures]) -> float:
 def test_sites_separable_and_diagnosis_present_but_hard(small_cohort: Path) -> None:
     data = load_abide(small_cohort)
     assert _site_accuracy(data) > 0.8  # chance: 0.25
-    # The best any classifier could do, knowing the true pattern: well above chance, far
-    # from perfect (cohort v1 scored 0.97 to 1.0 here, and rankings followed sample size).
+    # What a classifier could do knowing the true pattern: well above chance, far from
+    # perfect (cohort v1 scored 0.97 to 1.0 here). In cohort v3, as in the real sites,
+    # each subject's global connectivity carries a third to a half of an edge's variance
+    # and swamps the dense diagnosis effect, so the oracle first regresses it out within
+    # the site (the raw projection scores 0.44 to 0.80 on this cohort).
     aucs = {}
     for name, site in data.items():
         pattern = dx_pattern(SMALL_COHORT_SEED, site.roi_labels)
-        aucs[name] = roc_auc_score(site.labels, site.features @ pattern)
+        features = site.features - site.features.mean(0)
+        level = features.mean(1, keepdims=True)
+        slope = (features * level).sum(0) / float((level ** 2).sum())
+        aucs[name] = roc_auc_score(site.labels, (features - level * slope) @ pattern)
     assert all(0.7 < auc < 0.995 for auc in aucs.values()), aucs
     assert np.mean(list(aucs.values())) < 0.96, aucs
 
@@ -391,19 +397,22 @@ def _site_gains(data: dict[str, SiteFeatures]) -> np.ndarray:
 
 
 def test_sites_differ_by_a_gain_on_connectivity(small_cohort: Path) -> None:
-    # Cohort v2: temporal noise attenuates each site's correlations by its own factor, so
-    # the site means are scaled copies of the pooled mean: slopes spread over >= +-20 %.
+    # Each site's correlations are scaled by its own factor, so the site means are scaled
+    # copies of the pooled mean. Cohort v3 takes the factor's spread from the shared real
+    # sites (global scale sd 0.11, benchmarks/cohort_calibrate.py), v2 had +-20 %.
     gains = _site_gains(load_abide(small_cohort))
-    assert gains.max() - gains.min() >= 0.4 * gains.mean(), gains
-    assert gains.max() >= 1.1 * gains.mean() and gains.min() <= 0.9 * gains.mean(), gains
+    assert gains.max() - gains.min() >= 0.1 * gains.mean(), gains
+    assert gains.max() >= 1.04 * gains.mean() and gains.min() <= 0.96 * gains.mean(), gains
 
 
 def test_no_site_effect_means_sites_look_alike(tmp_path: Path) -> None:
     root = generate_cohort(tmp_path, site_effect=0.0, n_subjects_scale=0.3)
     data = load_abide(root)
     assert _site_accuracy(data) < 0.45
+    # No scanner gain; what is left comes from the sites' head motion, which differs
+    # (published medians) and raises global connectivity (r = 0.46 on the real sites).
     gains = _site_gains(data)
-    assert np.all(np.abs(gains / gains.mean() - 1.0) < 0.05), gains
+    assert np.all(np.abs(gains / gains.mean() - 1.0) < 0.08), gains
 
 
 # ------------------------------------------------------- the real phenotypic table

@@ -7,7 +7,8 @@ with DP demanded in its own site file and a ceiling on its epsilon), each starte
 1. an honest federation ``fed-a`` whose run spec names a data folder of the operator's;
 2. the operator's own ServerApp (``tests/operator_oracle.py``, run with ``flwr run``)
    under the id ``fed-a``, reading the sites' BN layers back from crafted evaluations
-   (64 per site: 2 probes x 2 signs x 16 channels of the second BN layer);
+   (:data:`PROBES` per site: 2 probes x 2 signs x :data:`CHANNELS` of the 16 channels of
+   the second BN layer; every channel is probed the same way, so a few show it);
 3. a second federation ``fed-b`` for UM alone, which would take it above its epsilon
    ceiling.
 """
@@ -25,13 +26,12 @@ from pathlib import Path
 import pytest
 
 from fedbn_med.checkpoint import load_tensors
-from fedbn_med.consortium import create_consortium
 from fedbn_med.federation.config import ServerSettings, run_config
-from fedbn_med.federation.launcher import LocalFederation, TlsFiles
 from fedbn_med.federation.launcher.flower_cli import CONNECTION, flwr_tool, write_run_config
-from fedbn_med.federation.launcher.processes import FederationError
 from fedbn_med.privacy import epsilon
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
+
+from .keyed import keyed_federation, run_federation, start_honest
 
 pytestmark = pytest.mark.integration
 logger = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 ORACLE = Path(__file__).with_name("operator_oracle.py")
 ROUNDS = 1
 NOISE = 1.0
+#: Channels of the second BN layer the oracle probes, and its crafted evaluations per site.
+CHANNELS = 4
+PROBES = 2 * 2 * CHANNELS
 APP_TOML = """[build-system]
 requires = ["hatchling"]
 build-backend = "hatchling.build"
@@ -77,33 +80,26 @@ def operator_world(small_cohort, tmp_path_factory):
     _site_file(sites_dir, "NYU", small_cohort, "max_scores_per_run = 2\n")
     _site_file(sites_dir, "UM", small_cohort,
                f"dp_noise = {NOISE}\ndp_clip = 1e-4\ndp_epsilon_max = {ceiling}\n")
-    keys = create_consortium(root / "keys", ["127.0.0.1"], ["NYU", "UM"])
-    tls = TlsFiles(keys.ca_cert, keys.server_cert, keys.server_key)
     mp = pytest.MonkeyPatch()
     mp.setenv("FEDBN_MED_SITES", str(sites_dir))
     world: dict = {"root": root, "ceiling": ceiling}
     try:
-        with LocalFederation(root / "fed", tls=tls, node_auth=True) as fed:
-            fed.start_site_host(threads=1)
-            fed.start_superlink()
-            node_sites = {str(fed.register_site_key(keys.site_keys[s][1])): s
-                          for s in ("NYU", "UM")}
-            for site in ("NYU", "UM"):  # no data_dir: each site's file says where
-                fed.start_site(site, device="cpu", threads=1, auth_key=keys.site_keys[site][0])
+        with keyed_federation(root, ("NYU", "UM")) as c:
+            fed = c.fed
+            start_honest(c, ("NYU", "UM"), None)  # no data_dir: each site's file says where
             fed.wait_sites_ready(["NYU", "UM"], timeout=240)
             started = time.monotonic()
-            world["fed"] = fed
+            world["c"], world["fed"] = c, fed
             world["state"] = state = root / "fed" / "sites"
             # the operator's folder: the same files, so a site that obeyed the run spec
             # would train from it, and write its feature cache there
             (root / "operator-data").mkdir()
             (root / "operator-data" / "ABIDE_pcp").symlink_to(small_cohort / "ABIDE_pcp")
-            world["a"] = _federation(world, "fed-a", node_sites, root / "operator-data")
+            world["a"] = _federation(world, "fed-a", root / "operator-data")
             # the sites' true BN layers, as they hold them when the operator strikes
             world["truth"] = {s: _truth(state, "fed-a", s) for s in ("NYU", "UM")}
             world["oracle"] = _oracle(world, "fed-a")
-            world["b"] = _federation(world, "fed-b", node_sites, None, sites=("UM",),
-                                     wait_timeout=8.0)
+            world["b"] = _federation(world, "fed-b", None, sites=("UM",), wait_timeout=8.0)
             logger.warning("operator attacks: the three runs took %.1f s",
                            time.monotonic() - started)
             yield world
@@ -111,23 +107,12 @@ def operator_world(small_cohort, tmp_path_factory):
         mp.undo()
 
 
-def _federation(world: dict, fid: str, node_sites: dict[str, str], data_dir: Path | None,
+def _federation(world: dict, fid: str, data_dir: Path | None,
                 sites: tuple[str, ...] = ("NYU", "UM"), **server) -> dict:
-    root = world["root"]
     spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=sites, data_dir=data_dir,
                    device="cpu")
-    server = {"wait_timeout": 60.0, "round_timeout": 120.0, **server}
-    settings = ServerSettings(workdir=root / fid, federation_id=fid, node_sites=node_sites,
-                              tracking_uri=f"sqlite:///{root / 'mlflow.db'}", **server)
-    events: list[dict] = []
-    run = world["fed"].submit(run_config(spec, settings), results_dir=root / fid)
-    try:
-        results = world["fed"].watch(run, on_event=events.append, timeout=300,
-                                     results_dir=root / fid)
-    except FederationError as err:
-        results = {"error": str(err)}
-    logger.warning("federation %s ended after %.1f s", fid, events[-1]["t"] - events[0]["t"]
-                   if events else math.nan)
+    results, events, settings = run_federation(
+        world["c"], fid, spec, timeout=300, **{"round_timeout": 120.0, **server})
     return {"results": results, "events": events, "settings": settings}
 
 
@@ -141,6 +126,7 @@ def _oracle(world: dict, fid: str) -> dict:
     spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=("NYU", "UM"), device="cpu")
     cfg = run_config(spec, ServerSettings(workdir=root / "oracle", federation_id=fid))
     cfg["oracle"] = json.dumps({"out": str(root / "oracle.json"), "sites": 2,
+                                "channels": CHANNELS,
                                 "round": ROUNDS, "train_probes": 3, "train_sites": ["NYU"]})
     overrides = write_run_config(root / "oracle.toml", cfg)
     subprocess.run([flwr_tool("flwr"), "run", str(app), CONNECTION, "--stream",
@@ -170,12 +156,12 @@ def test_the_operator_reads_no_bn_layer_back_from_scores(operator_world):
     for site in ("NYU", "UM"):
         got, (scale, shift) = oracle[site], world["truth"][site]
         worst = max(_worst_error(got["scale"], scale), _worst_error(got["shift"], shift))
-        print(f"oracle on {site}: {got['scores']} of 64 crafted evaluations scored, "
+        print(f"oracle on {site}: {got['scores']} of {PROBES} crafted evaluations scored, "
               f"worst relative error of the recovered BN terms {worst:.3g}")
         # not one crafted evaluation was scored, so nothing was recovered
         assert got["scores"] == 0, got
         assert worst == math.inf
-    assert oracle["NYU"]["error_count"] == 64
+    assert oracle["NYU"]["error_count"] == PROBES
     assert f"already scored round {ROUNDS}'s model" in oracle["NYU"]["errors"][0]
     assert oracle["UM"]["error_count"] == 0  # under DP: a reply without scores
     # Through training messages it gets one score per round NYU trains, while NYU's

@@ -17,8 +17,8 @@ import json
 import logging
 import math
 import signal
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,9 +45,9 @@ FINAL = ("test_accuracy", math.nan)
 # --------------------------------------------------------------- the dishonest node
 def _tamper(record, rnd: int) -> None:  # noqa: ANN001 - a Flower ConfigRecord
     import torch
+    from flwr.app import RecordDict
 
     from fedbn_med.federation.records import RECORD, pack, unpack
-    from flwr.app import RecordDict
 
     if rnd == 1:
         record["metrics/num-examples"] = 1e9
@@ -95,46 +95,23 @@ def _dishonest(honest):  # noqa: ANN001, ANN202 - a ClientApp
 @pytest.fixture(scope="module")
 def attacked(small_cohort, tmp_path_factory):
     """One keyed federation of NYU, UM and the dishonest USM, and its finished run."""
-    from fedbn_med.consortium import create_consortium
-    from fedbn_med.federation.config import ServerSettings, run_config
-    from fedbn_med.federation.launcher import LocalFederation, TlsFiles
-    from fedbn_med.federation.launcher.processes import FederationError, terminate_tree
+    from fedbn_med.federation.launcher.processes import terminate_tree
     from fedbn_med.spec import RunSpec
 
+    from .keyed import keyed_federation, run_federation, start_honest, start_wrapped
+
     root = tmp_path_factory.mktemp("attacks")
-    names = ["NYU", "UM", "USM"]
-    keys = create_consortium(root / "keys", ["127.0.0.1"], names)
-    tls = TlsFiles(keys.ca_cert, keys.server_cert, keys.server_key)
-    with LocalFederation(root / "fed", tls=tls, node_auth=True) as fed:
-        fed.start_site_host(threads=1)
-        fed.start_superlink()
-        node_sites = {str(fed.register_site_key(keys.site_keys[s][1])): s for s in names}
-        for site in ("NYU", "UM"):
-            fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1,
-                           auth_key=keys.site_keys[site][0])
-        cmd = fed.node_command("USM", root / "state", small_cohort, "cpu",
-                               auth_key=keys.site_keys["USM"][0])
-        with open(root / "USM.log", "ab") as log:
-            usm = subprocess.Popen([sys.executable, __file__, *cmd[3:]], stdout=log,
-                                   stderr=subprocess.STDOUT,
-                                   env={**fed.env, "OMP_NUM_THREADS": "1"},
-                                   start_new_session=True)
+    names = ("NYU", "UM", "USM")
+    with keyed_federation(root, names) as c:
+        usm = start_wrapped(c, Path(__file__), "USM", small_cohort)
         try:
-            fed.wait_sites_ready(["NYU", "UM"], timeout=180)
-            spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=tuple(names),
-                           data_dir=small_cohort)
-            workdir = root / "run"
-            settings = ServerSettings(workdir=workdir, wait_timeout=120.0,
-                                      federation_id="attacked", node_sites=node_sites,
-                                      tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-            events: list[dict] = []
-            run = fed.submit(run_config(spec, settings), results_dir=workdir)
-            try:
-                results = fed.watch(run, on_event=events.append, timeout=400,
-                                    results_dir=workdir)
-            except FederationError as err:
-                results = {"error": str(err)}
-            yield {"results": results, "events": events, "root": root, "workdir": workdir}
+            start_honest(c, ("NYU", "UM"), small_cohort)
+            c.fed.wait_sites_ready(["NYU", "UM"], timeout=180)
+            spec = RunSpec(strategy="fedbn", rounds=ROUNDS, sites=names, data_dir=small_cohort)
+            results, events, settings = run_federation(c, "attacked", spec, timeout=400,
+                                                       wait_timeout=120.0)
+            yield {"results": results, "events": events, "root": root,
+                   "workdir": settings.workdir}
         finally:
             terminate_tree(usm.pid, signal.SIGTERM, 10.0)
 
@@ -221,8 +198,11 @@ def test_metric_values_outside_their_range_are_refused(attacked):
 
 
 if __name__ == "__main__":
+    from keyed import preload_task  # this file's folder, tests/, is on sys.path
+
     from fedbn_med.federation import client_app
     from fedbn_med.federation.node import main
 
+    preload_task()
     client_app.app = _dishonest(client_app.app)
     main(sys.argv[1:])

@@ -11,6 +11,8 @@ import pytest
 
 from fedbn_med.paths import DATA_ENV_VAR, resolve_data_dir
 from fedbn_med.tasks.abide.cohort import (
+    COHORT_SEED_ENV_VAR,
+    COHORT_VERSION,
     DEFAULT_SITE_IDS,
     HO_CENTROIDS_MM,
     HO_LABELS,
@@ -19,9 +21,12 @@ from fedbn_med.tasks.abide.cohort import (
     ZERO_ROI_INDEX,
     ZERO_ROI_LABEL,
     cohort_key,
+    cohort_seed,
     ensure_cohort,
     generate_cohort,
 )
+from fedbn_med.tasks.abide.cohort.calibration import SiteSample, measure
+from fedbn_med.tasks.abide.cohort.figures_v3 import CALIBRATION_SITES, REAL_FIGURES
 from fedbn_med.tasks.abide.data import PHENOTYPIC_FILENAME, select_subjects
 
 TINY = {"sites": ("UCLA_1",), "seed": 3, "n_subjects_scale": 0.2}
@@ -146,6 +151,7 @@ def test_ensure_cohort_keys_directories(tmp_path: Path) -> None:
         ({"seed": -1}, "seed must be a non-negative integer"),
         ({"site_effect": -0.5}, "site_effect must be a finite number >= 0"),
         ({"n_subjects_scale": 0}, r"n_subjects_scale must lie in \(0, 5\]"),
+        ({"version": "1"}, r"Unknown cohort version '1'\. Valid versions: 2, 3\."),
     ],
 )
 def test_invalid_parameters(tmp_path: Path, params: dict[str, object], message: str) -> None:
@@ -164,3 +170,58 @@ def test_resolve_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
         resolve_data_dir("")
     with pytest.raises(TypeError, match=r"Expected data_dir as str, pathlib\.Path or None"):
         resolve_data_dir(3)  # type: ignore[arg-type]
+
+
+def test_v3_is_built_in_and_v2_stays_reproducible(tmp_path: Path) -> None:
+    assert COHORT_VERSION == "3"
+    assert cohort_key(**TINY).startswith("v3-seed3-")
+    assert cohort_key(**TINY, version="2").startswith("v2-seed3-")
+    # the v2 key (and so its directory and feature cache) is what it was before v3
+    assert cohort_key(sites=DEFAULT_SITE_IDS, version="2") == "v2-seed0-effect1-scale1-979a1d71"
+    v2 = generate_cohort(tmp_path / "v2", **TINY, version="2")
+    v3 = generate_cohort(tmp_path / "v3", **TINY)
+    assert _files(v2).keys() == _files(v3).keys()
+    assert _files(v2) != _files(v3)
+
+
+def test_cohort_seed_from_argument_environment_or_zero(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    monkeypatch.delenv(COHORT_SEED_ENV_VAR, raising=False)
+    assert cohort_seed() == 0
+    monkeypatch.setenv(COHORT_SEED_ENV_VAR, "7")
+    assert cohort_seed() == 7 and cohort_seed(2) == 2
+    params = {k: v for k, v in TINY.items() if k != "seed"}
+    assert ensure_cohort(tmp_path, **params).name == cohort_key(**{**params, "seed": 7})
+    monkeypatch.setenv(COHORT_SEED_ENV_VAR, "x1")
+    with pytest.raises(ValueError, match="FEDBN_MED_COHORT_SEED must be a non-negative"):
+        cohort_seed()
+
+
+def test_real_figures_are_summaries_of_the_shared_sites() -> None:
+    assert len(CALIBRATION_SITES) == 14
+    assert not {"NYU", "UM_1", "USM", "UCLA_1"} & set(CALIBRATION_SITES)
+    assert all(isinstance(v, float) for v in REAL_FIGURES.values())
+    assert 0.5 < REAL_FIGURES["pooled_auc"] < 0.7
+
+
+def _sample(rng: np.random.Generator, name: str, n: int, shift: float, effect: float
+            ) -> SiteSample:
+    y = np.arange(n) % 2
+    x = rng.normal(shift, 1.0, (n, 40)) + effect * y[:, None] * np.linspace(-1, 1, 40)
+    return SiteSample(name, x, y, np.exp(rng.normal(-2.3, 0.5, n)), rng.uniform(8, 30, n),
+                      (rng.random(n) < 0.2).astype(np.int64))
+
+
+def test_measure_finds_site_location_and_diagnosis() -> None:
+    rng = np.random.default_rng(0)
+    flat = [_sample(rng, f"s{i}", 60, 0.0, 0.0) for i in range(4)]
+    shifted = [_sample(rng, f"s{i}", 60, 0.8 * i, 1.0) for i in range(4)]
+    quiet, loud = measure(flat)["summary"], measure(shifted)["summary"]
+    assert quiet["location"] < 0.1 < 0.5 < loud["location"]
+    assert quiet["pooled_auc"] < 0.65 < 0.8 < loud["pooled_auc"]
+    assert loud["dx_consistent_sd"] > 0.3 > quiet["dx_consistent_sd"]
+    with pytest.raises(ValueError, match="Expected at least two sites"):
+        measure(flat[:1])
+    with pytest.raises(ValueError, match="each class needs at least 3"):
+        SiteSample("tiny", np.zeros((4, 3)), np.array([1, 0, 0, 0]), np.ones(4), np.ones(4),
+                   np.zeros(4))

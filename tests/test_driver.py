@@ -171,3 +171,20 @@ def test_bad_arguments():
     data.train[0][0, 0] = float("nan")
     with pytest.raises(ValueError, match="contains NaN"):
         SiteTrainer("A", AbideMLP(12), data, FedBN(), device="cpu")
+
+
+def test_history_selects_the_round_of_lowest_mean_validation_loss():
+    from fedbn_med.protocol import best_round
+
+    history = run_in_process(_trainers(FedBN()), FedBN(), rounds=4)
+    chosen = history.best_round()
+    assert chosen == best_round(history.rows)
+    by_round = {}
+    for row in history.rows:
+        by_round.setdefault(row["round"], []).append(row["val_loss"])
+    assert chosen == min(by_round, key=lambda r: (sum(by_round[r]) / 3, r))
+    selected = history.selected()
+    for row in history.rows:
+        if row["round"] == chosen:
+            assert selected[row["site"]]["test_accuracy"] == row["test_accuracy"]
+    assert set(history.final()) == set(selected) == {"A", "B", "C"}  # final(): the last round

@@ -46,7 +46,7 @@ def fed(small_cohort, tmp_path_factory):
     The sites are forked from a site host, as the main job starts them.
     """
     with LocalFederation(tmp_path_factory.mktemp("faults")) as federation:
-        federation.start_site_host(threads=1)
+        federation.start_site_host(threads=1, preload=["abide"])
         federation.start_superlink()
         for site in SITES:
             federation.start_site(site, data_dir=small_cohort, device="cpu", threads=1)

@@ -29,6 +29,8 @@ from fedbn_med.federation.run import run_site
 from fedbn_med.paths import repo_root
 from fedbn_med.spec import RunSpec
 
+from .keyed import keyed_federation, run_federation, start_honest, start_wrapped, stop_nodes
+
 pytestmark = pytest.mark.integration
 
 PIPELINE = str(repo_root() / "pipelines" / "abide_fedbn.py")
@@ -207,7 +209,7 @@ def test_a_site_refuses_a_run_that_would_take_its_private_layers(small_cohort, t
 
 
 # ------------------------------------------------ dishonest, silent and stray site nodes
-FAULTY_NODE = str(Path(__file__).with_name("faulty_node.py"))
+FAULTY_NODE = Path(__file__).with_name("faulty_node.py")
 
 
 @pytest.fixture(scope="module")
@@ -218,48 +220,24 @@ def keyed_fed(small_cohort, tmp_path_factory):
     trains; LURKER holds a key of the consortium, is in no run, and never answers.
     """
     root = tmp_path_factory.mktemp("keyed")
-    names = ["NYU", "UM", "USM", "UCLA", "LURKER"]
-    keys = create_consortium(root / "keys", ["127.0.0.1"], names)
-    tls = TlsFiles(keys.ca_cert, keys.server_cert, keys.server_key)
     faults = {"USM": "lies", "UCLA": "silent-train", "LURKER": "mute"}
-    with LocalFederation(root / "fed", tls=tls, node_auth=True) as fed:
-        fed.start_site_host(threads=1)
-        fed.start_superlink()
-        node_sites = {str(fed.register_site_key(keys.site_keys[s][1])): s for s in names}
-        for site in ("NYU", "UM"):
-            fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1,
-                           auth_key=keys.site_keys[site][0])
+    with keyed_federation(root, ["NYU", "UM", *faults]) as c:
         faulty = []
         try:
             for site, fault in faults.items():
-                cmd = fed.node_command(site, root / "state", small_cohort, "cpu",
-                                       auth_key=keys.site_keys[site][0])
-                with open(root / f"{site}.log", "ab") as log:
-                    faulty.append(subprocess.Popen(
-                        [sys.executable, FAULTY_NODE, fault, *cmd[3:]], stdout=log,
-                        stderr=subprocess.STDOUT, env={**fed.env, "OMP_NUM_THREADS": "1"},
-                        start_new_session=True))
-            fed.wait_sites_ready(["NYU", "UM"], timeout=180)
+                faulty.append(start_wrapped(c, FAULTY_NODE, site, small_cohort, fault))
+            start_honest(c, ("NYU", "UM"), small_cohort)
+            c.fed.wait_sites_ready(["NYU", "UM"], timeout=180)
             _wait(lambda: all((root / f"{s}.log").read_text().count("connected to")
                               for s in faults), 180, "the faulty nodes")
-            yield {"fed": fed, "root": root, "node_sites": node_sites, "cohort": small_cohort}
+            yield {"c": c, "fed": c.fed, "root": root, "cohort": small_cohort}
         finally:
-            for proc in faulty:
-                terminate_tree(proc.pid, signal.SIGTERM, 10.0)
+            stop_nodes(faulty)
 
 
 def _keyed_run(k: dict, name: str, sites: tuple[str, ...], rounds: int, **server):
     spec = RunSpec(strategy="fedbn", rounds=rounds, sites=sites, data_dir=k["cohort"])
-    settings = ServerSettings(workdir=k["root"] / name, wait_timeout=60.0,
-                              federation_id=name, node_sites=k["node_sites"],
-                              tracking_uri=f"sqlite:///{k['root'] / 'mlflow.db'}", **server)
-    events: list[dict] = []
-    run = k["fed"].submit(run_config(spec, settings), results_dir=k["root"] / name)
-    try:
-        results = k["fed"].watch(run, on_event=events.append, timeout=240,
-                                 results_dir=k["root"] / name)
-    except FederationError as err:
-        results = {"error": str(err)}
+    results, events, _ = run_federation(k["c"], name, spec, timeout=240, **server)
     return results, events
 
 

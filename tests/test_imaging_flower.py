@@ -31,6 +31,8 @@ def test_unet_federation_keeps_adn_layers_at_the_site(tmp_path):
                               image_size=32, subjects=8, slices=4)
     data = tmp_path / "data"
     with LocalFederation(tmp_path / "fed") as fed:
+        # both sites forked from one process that loaded MONAI once, as the main job does
+        fed.start_site_host(threads=1, preload=["mri"])
         fed.start_superlink()
         tap = Wiretap(fed.port)
         try:

@@ -42,3 +42,22 @@ def test_edge_cases():
         classification_metrics(np.array([]), np.array([]), 0.0)
     with pytest.raises(ValueError, match="do not match"):
         classification_metrics(np.array([0, 1]), np.array([0.5]), 0.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_counts_positive_share_and_majority_rate(seed):
+    from sklearn.dummy import DummyClassifier
+
+    rng = np.random.default_rng(seed)
+    train, labels = rng.integers(0, 2, 31), rng.integers(0, 2, 17)
+    scores = rng.random(17)
+    majority = int(train.mean() >= 0.5)
+    got = classification_metrics(labels, scores, 0.0, majority=majority)
+    assert got["n"] == 17.0
+    assert got["positive_rate"] == pytest.approx(np.mean(scores >= 0.5))
+    # the majority rate is what scikit-learn's most-frequent dummy scores on these labels
+    dummy = DummyClassifier(strategy="most_frequent").fit(np.zeros((31, 1)), train)
+    assert got["majority_rate"] == pytest.approx(dummy.score(np.zeros((17, 1)), labels))
+    assert "majority_rate" not in classification_metrics(labels, scores, 0.0)
+    with pytest.raises(ValueError, match="majority must be the class 0 or 1, got 2"):
+        classification_metrics(labels, scores, 0.0, majority=2)

@@ -160,3 +160,13 @@ def test_repeated_bootstrap_estimates_the_mean_over_repetitions() -> None:
         bootstrap_repeated_difference(y, a, b[:2], site)
     with pytest.raises(ValueError, match="Unknown metric 'auc'. Valid: balanced_accuracy"):
         bootstrap_repeated_difference(y, a, b, site, metric="auc")
+
+
+@pytest.mark.parametrize("successes, n", [(0, 10), (8, 12), (12, 12), (27, 56), (1, 1)])
+def test_wilson_interval_equals_scipys(successes: int, n: int) -> None:
+    from fedbn_med.stats import wilson_interval
+
+    want = scipy_stats.binomtest(successes, n).proportion_ci(0.95, method="wilson")
+    assert wilson_interval(successes, n) == pytest.approx((want.low, want.high), abs=1e-12)
+    # a rate times n that is whole only up to rounding is taken as the count
+    assert wilson_interval(successes / n * n, n) == pytest.approx((want.low, want.high))

@@ -29,7 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -214,6 +214,12 @@ class FleetSession:
         self._heartbeat.start()
         return int(self.node.node_id)
 
+    def _registered(self) -> Node:
+        """Return this node's identity, or say that it has not joined yet."""
+        if self.node is None:
+            raise ConnectionError("this node has not joined the federation yet (connect first)")
+        return self.node
+
     def close(self) -> None:
         """Leave the federation (deactivate, unregister) and close the connection."""
         if self._heartbeat.is_running:
@@ -293,11 +299,12 @@ class FleetSession:
     def pull_message(self, run_id: int, tree: Any, initial_backoff: float = 0.01,
                      backoff_cap: float = 0.2) -> Message:
         """Download a received message's contents and return the whole message."""
+        node = self._registered()
         pull = make_pull_object_fn_protobuf(
-            lambda request: self._call(self._client.PullObject, request), self.node, run_id)
+            lambda request: self._call(self._client.PullObject, request), node, run_id)
         confirm = make_confirm_message_received_fn_protobuf(
             lambda request: self._call(self._client.ConfirmMessageReceived, request),
-            self.node, run_id)
+            node, run_id)
         message = pull_and_inflate_object_from_tree(
             tree, pull, confirm, return_type=Message, initial_backoff=initial_backoff,
             backoff_cap=backoff_cap)
@@ -316,8 +323,8 @@ class FleetSession:
                 clientapp_runtime_list=[runtime]))
             wanted, session = set(response.objects_to_push), response.session_id
             push = make_push_object_fn_protobuf(
-                lambda request: self._call(self._client.PushObject, request), self.node,
-                run_id, session)
+                lambda request: self._call(self._client.PushObject, request),
+                self._registered(), run_id, session)
             push_object_contents_from_iterable(
                 ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted), push)
 
@@ -357,7 +364,7 @@ def pull_replies(grid: Any, message_ids: Iterable[str], initial_backoff: float =
             continue
         client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
             node=grid.node, run_id=run_id, message_object_id=message_id))
-        message = inflate_object_from_contents(message_id, contents)
+        message = cast(Message, inflate_object_from_contents(message_id, contents))
         set_message_id(message, message_id)
         replies.append(message)
     return replies

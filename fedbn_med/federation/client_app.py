@@ -287,7 +287,7 @@ def query(msg: Message, context: Context) -> Message:
         "private-hash": rt.kept_hash(),
         "device": str(rt.trainer.device),
     }
-    return Message(pack(info=info), reply_to=msg)
+    return Message(pack(info=info), reply_to=msg)  # type: ignore[arg-type]
 
 
 @app.train()

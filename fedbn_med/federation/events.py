@@ -333,7 +333,7 @@ def emit(fd: int, event: Event) -> bool:
     """
     line = encode(event).encode()
     if len(line) > PIPE_ATOMIC and hasattr(event, "reason"):
-        short = str(event.reason)[:_REASON_MAX] + " [...]"  # type: ignore[attr-defined]
+        short = str(event.reason)[:_REASON_MAX] + " [...]"
         line = encode(dataclasses.replace(event, reason=short)).encode()  # type: ignore[call-arg]
     try:
         os.write(fd, line)

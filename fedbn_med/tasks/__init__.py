@@ -66,8 +66,9 @@ class Task:
     build_pooled: Callable[[Mapping[str, SiteTrainer], Any], SiteTrainer] | None = None
     prepare: Callable[[Any], None] | None = None
     preload: tuple[str, ...] = ()
-    # fedbn_med.metrics.classification_metrics's names (SiteTrainer.score)
-    score_metrics: tuple[str, ...] = ("accuracy", "balanced_accuracy", "auc", "f1", "loss")
+    # fedbn_med.metrics.METRIC_NAMES (SiteTrainer.score), written out: no numpy here
+    score_metrics: tuple[str, ...] = ("accuracy", "balanced_accuracy", "auc", "f1", "loss",
+                                      "n", "positive_rate", "majority_rate")
 
 
 def lazy(target: str, *bound: Any) -> Callable[..., Any]:

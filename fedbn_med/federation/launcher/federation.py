@@ -312,13 +312,13 @@ class LocalFederation:
             elif isinstance(event, (HostReady, HostRefused)):
                 self._host_answers.put(event)
             elif isinstance(event, SiteExited):
-                proc = self._forked.pop(event.pid, None)
-                if proc is not None:
-                    proc.exited(event.code)
+                gone = self._forked.pop(event.pid, None)
+                if gone is not None:
+                    gone.exited(event.code)
             elif isinstance(event, _SITE_EVENTS):
-                proc = self._forked.get(event.pid)
-                if proc is not None:
-                    proc.status.note(event)
+                known = self._forked.get(event.pid)
+                if known is not None:
+                    known.status.note(event)
                 else:  # written before the host's answer naming it was read
                     self._early.setdefault(event.pid, []).append(event)
 

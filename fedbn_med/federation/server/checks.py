@@ -16,7 +16,7 @@ import re
 from collections.abc import Collection, Mapping
 
 __all__ = ["MAX_ENTRIES", "MAX_LOSS", "SCORE_RANGES", "SPLITS", "TRAIN_METRICS",
-           "evaluate_reason", "metrics_reason", "score_names", "train_reason"]
+           "WHOLE_SCORES", "evaluate_reason", "metrics_reason", "score_names", "train_reason"]
 
 #: The largest loss the server takes (sites cap theirs far lower before sending them).
 MAX_LOSS = 1e4
@@ -34,7 +34,14 @@ SCORE_RANGES: dict[str, tuple[float, float, bool]] = {
     "accuracy": (0.0, 1.0, False), "balanced_accuracy": (0.0, 1.0, False),
     "auc": (0.0, 1.0, True), "f1": (0.0, 1.0, False), "dice": (0.0, 1.0, True),
     "loss": (0.0, MAX_LOSS, False),
+    # subjects scored (as fedbn_med.rounds.MAX_EXAMPLES bounds the training count), the
+    # share predicted positive, and what predicting the training majority scores
+    "n": (1.0, 1e9, False), "positive_rate": (0.0, 1.0, False),
+    "majority_rate": (0.0, 1.0, False),
 }
+
+#: The scores that are counts: a whole number, or the reply is refused.
+WHOLE_SCORES = frozenset({"n"})
 
 #: What a train reply's ``metrics`` section may hold: name -> (low, high, whole number).
 #: ``num-examples`` is checked by :func:`fedbn_med.rounds.num_examples_reason`.
@@ -50,7 +57,9 @@ _REQUIRED = ("num-examples", "train_loss")
 
 # A site's state hash is a SHA-256 in hex (fedbn_med.checkpoint.state_hash).
 _HASH = re.compile(r"[0-9a-f]{64}")
-_DEFAULT_SCORES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss")
+# fedbn_med.metrics.METRIC_NAMES, written out so that the server's checks import no numpy
+_DEFAULT_SCORES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss", "n", "positive_rate",
+                   "majority_rate")
 
 
 def score_names(metrics: Collection[str] = _DEFAULT_SCORES) -> frozenset[str]:
@@ -110,7 +119,8 @@ def metrics_reason(sections: Mapping[str, Mapping[str, object]],
             else:
                 bounds = _score_range(name)
                 reason = _value_reason(section, name, value, bounds,
-                                       nan_ok=bool(bounds and bounds[2]))
+                                       nan_ok=bool(bounds and bounds[2]),
+                                       whole=name.partition("_")[2] in WHOLE_SCORES)
             if reason is not None:
                 return reason
     return None

@@ -156,7 +156,7 @@ class SiteDiscovery:
                 info = unpack(reply.content).section("info")
                 site = str(info["site"])
                 shape = tuple(int(d) for d in info["input-shape"])  # type: ignore[union-attr]
-                resumed = int(info["resumed-round"])  # type: ignore[call-overload]
+                resumed = int(info["resumed-round"])  # type: ignore[arg-type]
             except (ValueError, KeyError, TypeError) as err:
                 logger.error("Node %s answered the query with a malformed message: %s", node,
                              err)

@@ -13,7 +13,7 @@ from flwr.app import MessageType
 from fedbn_med.checkpoint import save_tensors, write_text_atomic
 from fedbn_med.federation.records import unpack
 from fedbn_med.federation.server.checks import evaluate_reason
-from fedbn_med.report import convergence_plot, result_columns, site_table
+from fedbn_med.report import convergence_plot, metrics_at, run_result
 from fedbn_med.scaffold import join_controls
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from fedbn_med.background import SerialWorker
+    from fedbn_med.federation.config import ServerSettings
     from fedbn_med.federation.server.grid import FastGrid
     from fedbn_med.partition import Partition
     from fedbn_med.spec import RunSpec
@@ -43,6 +44,7 @@ class RunResults:
 
     grid: FastGrid
     config: RunSpec
+    settings: ServerSettings
     strategy: Strategy
     partition: Partition
     global_weights: dict[str, torch.Tensor]
@@ -122,17 +124,25 @@ class RunResults:
         assert self.tracker is not None and self.worker is not None
         self._hand_over_logging(now=True)
         self.worker.flush()
-        last = {str(r["site"]): {k: v for k, v in r.items() if k not in ("round", "site")}
-                for r in self.rows if r["round"] == self.config.rounds}
-        final = {site: last[site] for site in self.config.sites if site in last}
-        table = site_table(final, result_columns(final))  # type: ignore[arg-type]
+        final = metrics_at(self.rows, self.config.rounds, self.config.sites)
+        # The run's result is the round of lowest mean validation loss over the sites
+        # (the protocol's rule, as in-process); the last round's scores go beside it.
+        result = run_result(self.rows, self.config.sites,
+                            weights_round=self.config.rounds if self.global_weights else None
+                            ) if self.rows else None
+        table = result.table if result is not None else "No round completed."
         results = {"strategy": self.strategy.label, "rounds": self.config.rounds,
                    "rows": self.rows, "final": final, "table": table,
+                   "selected": result.selected if result is not None else {},
+                   "selected_round": result.selected_round if result is not None else 0,
+                   "last_round": result.last_round if result is not None else 0,
                    "parent_run_id": self.tracker.parent_id,
                    "tracking_uri": self.tracker.tracking_uri}
         write_text_atomic(self.workdir / "results.json", json.dumps(results, default=float,
                                                                    indent=1))
         self.tracker.log_text(table + "\n", "results.md")
+        if result is not None:
+            self.tracker.log_metrics({"selected_round": result.selected_round})
         plot = convergence_plot({self.strategy.label: self.rows},  # type: ignore[dict-item]
                                 self.workdir / "convergence.png",
                                 title=f"{self.strategy.label}, {len(final)} sites")

@@ -137,8 +137,8 @@ class FederationServer(SiteDiscovery, RunResults):
         self.global_weights = tensors
         done, reference = resume_point(meta, self.checkpoint)
         self.start_round = done + 1
-        self.rows = list(meta.get("rows", []))  # type: ignore[arg-type]
-        self.pending = dict(meta.get("pending", {}))  # type: ignore[arg-type]
+        self.rows = list(meta.get("rows", []))  # type: ignore[call-overload]
+        self.pending = dict(meta.get("pending", {}))  # type: ignore[call-overload]
         self.norm_reference = reference
         logger.info("Resuming after round %d from %s", self.start_round - 1, self.checkpoint)
         return str(meta.get("parent_run_id") or "") or None

@@ -93,7 +93,7 @@ def _parse(path: Path) -> SiteConfig:
         )
     seed, device = site_seed_and_device(raw, path)
     scans: Path | Literal["builtin"] | None = (
-        BUILTIN_SCANS if raw.get("scans") == BUILTIN_SCANS else site_path(raw, "scans", path))
+        "builtin" if raw.get("scans") == BUILTIN_SCANS else site_path(raw, "scans", path))
     return SiteConfig(
         name=name, abide_site_ids=tuple(ids), data_dir=site_path(raw, "data_dir", path),
         split_seed=seed, device=device, institution=str(raw.get("institution", "")),

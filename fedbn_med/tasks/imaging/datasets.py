@@ -115,7 +115,7 @@ def make_dataset(items: Sequence[Mapping[str, Any]], keys: Sequence[str], transf
       the process; items already decoded are read back from disk);
     - ``"none"``: every epoch decodes and preprocesses again.
     """
-    mode = {True: "memory", False: "none"}.get(cache, cache)  # type: ignore[call-overload]
+    mode = ("memory" if cache else "none") if isinstance(cache, bool) else cache
     if mode not in ("memory", "disk", "none"):
         raise ValueError(f"cache must be 'memory', 'disk' or 'none', got {cache!r}.")
     usable = decode_items(items, keys, site, decode=mode == "memory")

@@ -16,7 +16,7 @@ import numpy as np
 import pydicom
 import pydicom.config
 from pydicom.dataset import FileDataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
 __all__ = ["DX_IMAGE", "MR_IMAGE", "strict_reading", "write_radiograph", "write_series"]
 
@@ -43,7 +43,7 @@ def strict_reading() -> Iterator[None]:
 
 def _dataset(path: Path, sop_class: str, uid_seed: str, instance: int) -> FileDataset:
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = sop_class
+    meta.MediaStorageSOPClassUID = UID(sop_class)
     meta.MediaStorageSOPInstanceUID = generate_uid(entropy_srcs=[uid_seed, "sop", str(instance)])
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = FileDataset(str(path), {}, file_meta=meta, preamble=b"\0" * 128)

@@ -299,7 +299,7 @@ def _frame_positions(ds: pydicom.Dataset) -> np.ndarray | None:
             return None
         normal = _normal(orient.ImageOrientationPatient)
         return np.array([np.dot(normal, [float(v) for v in p.ImagePositionPatient])
-                         for p in points])
+                         for p in points if p is not None])
     offsets = ds.get("GridFrameOffsetVector")
     if offsets is not None and len(offsets) == n:  # RT Dose: offsets along the normal
         return np.asarray([float(v) for v in offsets])

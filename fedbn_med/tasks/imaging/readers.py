@@ -23,7 +23,7 @@ import math
 import zlib
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nibabel as nib
 import numpy as np
@@ -130,9 +130,10 @@ def _nibabel_header(path: Path, what: str) -> tuple[Any, tuple[int, ...], np.dty
                                    "image; expected a 2D/3D/4D image")
     if not hasattr(image, "dataobj"):
         raise ImageReadError(path, f"{type(image).__name__} holds no image data")
+    spatial = cast(nib.spatialimages.SpatialImage, image)  # it has dataobj: a spatial image
     try:
-        shape = tuple(int(n) for n in image.shape)
-        dtype = np.dtype(image.get_data_dtype())
+        shape = tuple(int(n) for n in spatial.shape)
+        dtype = np.dtype(spatial.get_data_dtype())
     except (ValueError, TypeError, AttributeError) as err:
         raise ImageReadError(path, f"unreadable {what} header ({type(err).__name__}: "
                                    f"{_first_line(err)})") from err
@@ -467,11 +468,11 @@ def decode_items(items: Iterable[Mapping[str, Any]], keys: Sequence[str], site: 
     usable = []
     for item in items:
         try:
-            decoded = ReadImaged(keys)(dict(item))
+            decoded = dict(ReadImaged(keys)(cast(Mapping[Hashable, Any], dict(item))))
         except ImageReadError as err:
             logger.warning("Site %s: skipping %s: %s", site or "?", err.path, err.reason)
             continue
-        usable.append(decoded if decode else dict(item))
+        usable.append(cast(dict[str, Any], decoded) if decode else dict(item))
     return usable
 
 

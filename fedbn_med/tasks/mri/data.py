@@ -102,7 +102,8 @@ def build_mri_data(site: ImagingSite, settings: Settings, seed: int = 0,
 
     def dataset(split: str, train: bool) -> Dataset:
         return make_dataset(splits[split], _KEYS, mri_transforms(settings, train=train),
-                            cache=settings.cache_mode, cache_dir=folder, site=site.name)
+                            cache=settings.cache_mode,  # type: ignore[arg-type]  # checked there
+                            cache_dir=folder, site=site.name)
 
     return ImageSiteData(dataset("training", True), dataset("validation", False),
                          dataset("test", False), settings.input_shape())

@@ -10,7 +10,7 @@ on each subject's volume whatever the network's dimensions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -76,7 +76,7 @@ class SegmentationTrainer(ImageTrainer):
             logits = self.inferer(image, self.model).float()  # (1, C, H, W, D)
             losses.append(float(self.loss_fn(logits, label)))
             dice(y_pred=logits.argmax(1, keepdim=True), y=label)
-        per_class = dice.aggregate().cpu().numpy()
+        per_class = cast(torch.Tensor, dice.aggregate()).cpu().numpy()
         out = {f"dice_{name}": float(v) for name, v in zip(self.class_names[1:], per_class)}
         out["dice"] = float(np.nanmean(per_class))
         out["loss"] = float(np.mean(losses))

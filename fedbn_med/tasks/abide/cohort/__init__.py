@@ -3,7 +3,9 @@
 :func:`ensure_cohort` returns a directory holding the cohort for a set of parameters,
 generating it on first use; :func:`generate_cohort` writes one into a given directory.
 The parts: :mod:`.atlas` (the Harvard-Oxford ROIs, read from ``ho_atlas.csv``),
-:mod:`.figures` (the real per-site figures), :mod:`.signal` (the signal model),
+:mod:`.figures` (the real per-site figures), :mod:`.signal` (the signal model, version 2),
+:mod:`.signal_v3` and :mod:`.figures_v3` (version 3, drawn from figures
+:mod:`.calibration` measured on the real shared sites),
 :mod:`.phenotypes` (the phenotypic rows) and :mod:`.writer` (the files on disk).
 """
 
@@ -25,16 +27,21 @@ from fedbn_med.tasks.abide.cohort.figures import (
     site_figures_table,
 )
 from fedbn_med.tasks.abide.cohort.writer import (
+    COHORT_SEED_ENV_VAR,
     COHORT_VERSION,
+    COHORT_VERSIONS,
     MANIFEST_FILENAME,
     MAX_SUBJECTS_SCALE,
     cohort_key,
+    cohort_seed,
     ensure_cohort,
     generate_cohort,
 )
 
 __all__ = [
+    "COHORT_SEED_ENV_VAR",
     "COHORT_VERSION",
+    "COHORT_VERSIONS",
     "DEFAULT_SITE_IDS",
     "HO_CENTROIDS_MM",
     "HO_LABELS",
@@ -48,6 +55,7 @@ __all__ = [
     "ZERO_ROI_LABEL",
     "SiteFigures",
     "cohort_key",
+    "cohort_seed",
     "ensure_cohort",
     "generate_cohort",
     "site_figures_table",

@@ -12,11 +12,14 @@ import numpy as np
 
 from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
 from fedbn_med.tasks.abide.cohort.signal import _build_template
+from fedbn_med.tasks.abide.cohort.signal_v3 import build_template_v3
+from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
 __all__ = ["dx_pattern", "site_lines"]
 
 
-def dx_pattern(seed: int, roi_labels: Sequence[object]) -> np.ndarray:
+def dx_pattern(seed: int, roi_labels: Sequence[object], version: str = COHORT_VERSION
+               ) -> np.ndarray:
     """Return the generator's true diagnosis shift on the loader's edges.
 
     Parameters
@@ -26,13 +29,15 @@ def dx_pattern(seed: int, roi_labels: Sequence[object]) -> np.ndarray:
     roi_labels : sequence
         The ROI labels the features were computed on (``SiteFeatures.roi_labels``, with
         or without the ``#`` of the ``.1D`` header), in feature order.
+    version : str, default=COHORT_VERSION
+        The cohort's generator version.
 
     Returns
     -------
     numpy.ndarray
         One value per feature (upper triangle, row by row, as the loader vectorises).
     """
-    shift = _build_template(seed).dx_shift
+    shift = (build_template_v3(seed) if version == "3" else _build_template(seed)).dx_shift
     keep = [HO_LABELS.index(int(str(label).lstrip("#"))) for label in roi_labels]
     sub = shift[np.ix_(keep, keep)]
     return sub[np.triu_indices(len(keep), k=1)]

@@ -25,6 +25,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,11 @@ from fedbn_med.tasks.abide.cohort.signal import (
     _site_seed,
     _subject_series,
 )
+from fedbn_med.tasks.abide.cohort.signal_v3 import (
+    build_scanner_v3,
+    build_template_v3,
+    subject_series_v3,
+)
 from fedbn_med.tasks.abide.data.layout import (
     COHORT_MANIFEST_FILENAME,
     DATASET_DIRNAME,
@@ -51,9 +57,12 @@ from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
 __all__ = [
     "COHORT_VERSION",
+    "COHORT_VERSIONS",
     "MANIFEST_FILENAME",
     "MAX_SUBJECTS_SCALE",
+    "COHORT_SEED_ENV_VAR",
     "cohort_key",
+    "cohort_seed",
     "ensure_cohort",
     "generate_cohort",
 ]
@@ -63,6 +72,10 @@ logger = logging.getLogger(__name__)
 MANIFEST_FILENAME = COHORT_MANIFEST_FILENAME
 _PIPELINE, _STRATEGY, _DERIVATIVE = "cpac", "filt_noglobal", "rois_ho"
 MAX_SUBJECTS_SCALE = 5.0
+#: Generator versions this module can still write (2 stays reproducible for old results).
+COHORT_VERSIONS = ("2", "3")
+#: Environment variable holding the built-in cohort's seed when none is given.
+COHORT_SEED_ENV_VAR = "FEDBN_MED_COHORT_SEED"
 
 # The manifest and the cohort key name the generator by its first module path; kept as
 # it was so that cohorts generated before the move stay valid and keep their directory.
@@ -87,7 +100,8 @@ def _write_phenotypic(path: Path, rows: list[dict[str, object]]) -> None:
 
 
 def _validate_parameters(sites: Sequence[str], seed: int, site_effect: float,
-                         n_subjects_scale: float) -> tuple[str, ...]:
+                         n_subjects_scale: float, version: str = COHORT_VERSION
+                         ) -> tuple[str, ...]:
     ids = (sites,) if isinstance(sites, str) else tuple(sites)
     unknown = [s for s in ids if s not in SITE_FIGURES]
     if not ids or unknown:
@@ -107,14 +121,17 @@ def _validate_parameters(sites: Sequence[str], seed: int, site_effect: float,
             and 0 < n_subjects_scale <= MAX_SUBJECTS_SCALE):
         raise ValueError(f"n_subjects_scale must lie in (0, {MAX_SUBJECTS_SCALE:g}], "
                          f"got {n_subjects_scale!r}.")
+    if version not in COHORT_VERSIONS:
+        raise ValueError(f"Unknown cohort version {version!r}. Valid versions: "
+                         f"{', '.join(COHORT_VERSIONS)}.")
     return ids
 
 
 def _parameters(ids: tuple[str, ...], seed: int, site_effect: float,
-                n_subjects_scale: float) -> dict[str, object]:
+                n_subjects_scale: float, version: str) -> dict[str, object]:
     return {
         "generator": _GENERATOR,
-        "version": COHORT_VERSION,
+        "version": version,
         "sites": list(ids),
         "seed": int(seed),
         "site_effect": float(site_effect),
@@ -128,12 +145,13 @@ def cohort_key(
     seed: int = 0,
     site_effect: float = 1.0,
     n_subjects_scale: float = 1.0,
+    version: str = COHORT_VERSION,
 ) -> str:
     """Return the directory name that identifies a built-in cohort's parameters.
 
     Parameters
     ----------
-    sites, seed, site_effect, n_subjects_scale
+    sites, seed, site_effect, n_subjects_scale, version
         As in :func:`generate_cohort`.
 
     Returns
@@ -141,10 +159,11 @@ def cohort_key(
     str
         E.g. ``"seed0-effect1-scale1-3f2a9c1e"`` (the suffix hashes sites and version).
     """
-    ids = _validate_parameters(sites, seed, site_effect, n_subjects_scale)
-    digest = hashlib.sha256(json.dumps(_parameters(ids, seed, site_effect, n_subjects_scale),
-                                       sort_keys=True).encode()).hexdigest()[:8]
-    return f"v{COHORT_VERSION}-seed{seed}-effect{site_effect:g}-scale{n_subjects_scale:g}-{digest}"
+    ids = _validate_parameters(sites, seed, site_effect, n_subjects_scale, version)
+    digest = hashlib.sha256(json.dumps(
+        _parameters(ids, seed, site_effect, n_subjects_scale, version),
+        sort_keys=True).encode()).hexdigest()[:8]
+    return f"v{version}-seed{seed}-effect{site_effect:g}-scale{n_subjects_scale:g}-{digest}"
 
 
 def generate_cohort(
@@ -154,6 +173,7 @@ def generate_cohort(
     seed: int = 0,
     site_effect: float = 1.0,
     n_subjects_scale: float = 1.0,
+    version: str = COHORT_VERSION,
 ) -> Path:
     """Write a seeded ABIDE-format cohort into ``data_dir/ABIDE_pcp``, unless it is there.
 
@@ -169,6 +189,9 @@ def generate_cohort(
         Strength of every site effect; 0 gives sites identical feature distributions.
     n_subjects_scale : float, default=1.0
         Multiplies every per-site count (at least two QC-passing subjects per class).
+    version : str, default=COHORT_VERSION
+        Generator version, one of :data:`COHORT_VERSIONS` (3: drawn from the figures
+        measured on the real shared sites, :mod:`.signal_v3`; 2: :mod:`.signal`).
 
     Returns
     -------
@@ -181,8 +204,8 @@ def generate_cohort(
         For invalid parameters, if ``data_dir`` holds a cohort made with other
         parameters, or an ``ABIDE_pcp`` folder this module did not write.
     """
-    ids = _validate_parameters(sites, seed, site_effect, n_subjects_scale)
-    params = _parameters(ids, seed, site_effect, n_subjects_scale)
+    ids = _validate_parameters(sites, seed, site_effect, n_subjects_scale, version)
+    params = _parameters(ids, seed, site_effect, n_subjects_scale, version)
     root = Path(data_dir).expanduser().absolute()
     target = root / DATASET_DIRNAME
     if _existing_matches(target, params):
@@ -194,7 +217,7 @@ def generate_cohort(
     try:
         # Threaded BLAS only slows the many small per-subject products down.
         with threadpool_limits(1, "blas"):
-            counts = _write_cohort(staging, ids, seed, site_effect, n_subjects_scale)
+            counts = _write_cohort(staging, ids, seed, site_effect, n_subjects_scale, version)
         (staging / MANIFEST_FILENAME).write_text(
             json.dumps({**params, "subjects": counts}, indent=2), encoding="utf-8")
         try:
@@ -232,26 +255,32 @@ def _existing_matches(target: Path, params: dict[str, object]) -> bool:
 
 
 def _write_cohort(staging: Path, ids: tuple[str, ...], seed: int, site_effect: float,
-                  scale: float) -> dict[str, int]:
-    template = _build_template(seed)
+                  scale: float, version: str) -> dict[str, int]:
+    v3 = version == "3"
+    template = build_template_v3(seed) if v3 else _build_template(seed)
     series_dir = staging / _PIPELINE / _STRATEGY
     series_dir.mkdir(parents=True)
     rows: list[dict[str, object]] = []
     counts: dict[str, int] = {}
     for site_id in sorted(ids, key=list(SITE_FIGURES).index):
         figures = SITE_FIGURES[site_id]
-        scanner = _build_scanner(template, figures, seed, site_effect)
+        scanner = (build_scanner_v3(template, figures, seed, site_effect) if v3  # type: ignore[arg-type]
+                   else _build_scanner(template, figures, seed, site_effect))  # type: ignore[arg-type]
         # Real SUB_ID ranges are disjoint; larger cohorts move to their own blocks.
         first = (figures.first_sub_id if scale <= 1.0
                  else 60000 + 1000 * list(SITE_FIGURES).index(site_id))
-        site_rows = _site_rows(figures, scanner, seed, scale, first)
+        # v3's scanner has v2's fields that _site_rows reads (the motion level).
+        site_rows: list[dict[str, Any]] = _site_rows(
+            figures, scanner, seed, scale, first)  # type: ignore[arg-type]
         for row in site_rows:
             if row["FILE_ID"] == NO_FILENAME:
                 continue
             rng = np.random.default_rng([seed, _site_seed(site_id), 3, int(row["_index"])])
-            series = _subject_series(template, scanner, rng, asd=row["DX_GROUP"] == 1,
-                                     mean_fd=float(row["func_mean_fd"]),
-                                     n_volumes=int(row["_n_volumes"]))
+            kwargs = {"asd": row["DX_GROUP"] == 1, "mean_fd": float(row["func_mean_fd"]),
+                      "n_volumes": int(row["_n_volumes"])}
+            series = (subject_series_v3(template, scanner, rng, female=row["SEX"] == 2,  # type: ignore[arg-type]
+                                        **kwargs) if v3
+                      else _subject_series(template, scanner, rng, **kwargs))  # type: ignore[arg-type]
             if row["_zero_roi"]:
                 series[:, ZERO_ROI_INDEX] = 0.0
             _write_1d(series_dir / f"{row['FILE_ID']}_{_DERIVATIVE}.1D", series)
@@ -261,13 +290,33 @@ def _write_cohort(staging: Path, ids: tuple[str, ...], seed: int, site_effect: f
     return counts
 
 
+def cohort_seed(seed: int | None = None) -> int:
+    """Return the built-in cohort's seed: the argument, else ``$FEDBN_MED_COHORT_SEED``, else 0.
+
+    Raises
+    ------
+    ValueError
+        If the environment variable is not a non-negative integer.
+    """
+    if seed is not None:
+        return seed
+    text = os.environ.get(COHORT_SEED_ENV_VAR, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise ValueError(f"{COHORT_SEED_ENV_VAR} must be a non-negative integer (the built-in "
+                         f"cohort's seed), got {text!r}.")
+    return int(text)
+
+
 def ensure_cohort(
     data_dir: str | Path | None = None,
     *,
     sites: Sequence[str] = DEFAULT_SITE_IDS,
-    seed: int = 0,
+    seed: int | None = None,
     site_effect: float = 1.0,
     n_subjects_scale: float = 1.0,
+    version: str = COHORT_VERSION,
 ) -> Path:
     """Return a directory holding the built-in cohort for these parameters, made if needed.
 
@@ -275,7 +324,10 @@ def ensure_cohort(
     ----------
     data_dir : str or pathlib.Path or None, default=None
         Base data directory, resolved by :func:`fedbn_med.paths.resolve_data_dir`.
-    sites, seed, site_effect, n_subjects_scale
+    seed : int or None, default=None
+        As in :func:`generate_cohort`; None: :func:`cohort_seed` (``$FEDBN_MED_COHORT_SEED``
+        or 0), so that every run of the pipeline can draw another cohort world.
+    sites, site_effect, n_subjects_scale, version
         As in :func:`generate_cohort`.
 
     Returns
@@ -283,8 +335,9 @@ def ensure_cohort(
     pathlib.Path
         ``<data_dir>/builtin/<cohort_key(...)>``, which contains ``ABIDE_pcp/``.
     """
+    seed = cohort_seed(seed)
     key = cohort_key(sites=sites, seed=seed, site_effect=site_effect,
-                     n_subjects_scale=n_subjects_scale)
+                     n_subjects_scale=n_subjects_scale, version=version)
     root = resolve_data_dir(data_dir) / "builtin" / key
     return generate_cohort(root, sites=sites, seed=seed, site_effect=site_effect,
-                           n_subjects_scale=n_subjects_scale)
+                           n_subjects_scale=n_subjects_scale, version=version)

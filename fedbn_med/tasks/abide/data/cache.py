@@ -83,7 +83,7 @@ def _save_cache(path: Path, result: SiteFeatures, skipped: Sequence[tuple[str, s
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub: allow_pickle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

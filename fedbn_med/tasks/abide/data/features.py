@@ -160,12 +160,12 @@ def _apply_zero_roi_policy(
     roi_labels: Sequence[str],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Remove NaN left by constant ROIs; return features and the kept-subject mask."""
-    affected = constant.any(axis=1)
+    affected = np.asarray(constant.any(axis=1))
     keep = np.ones(len(features), dtype=bool)
     if not affected.any():
         return features, keep
     roi_idx = np.flatnonzero(constant.any(axis=0))
-    names = ", ".join(roi_labels[i] if i < len(roi_labels) else f"column {i}" for i in roi_idx)
+    names = ", ".join(roi_labels[int(i)] if i < len(roi_labels) else f"column {i}" for i in roi_idx)
     nan = np.isnan(features)
     if policy == "zero":
         features = np.where(nan, 0.0, features)

@@ -8,6 +8,8 @@ their ROI files through nilearn (:mod:`.roi_files`), computes the features
 
 from __future__ import annotations
 
+from typing import cast
+
 import logging
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -60,7 +62,7 @@ def _compute_site_features(
 ) -> tuple[SiteFeatures, list[tuple[str, str]]]:
     """Validate files, read them through nilearn and compute features (no cache)."""
     good, series, roi_labels, skipped = _read_site_series(root, selected, site_ids, options)
-    _check_bad_share(site, skipped, len(selected), float(options["max_bad_fraction"]))
+    _check_bad_share(site, skipped, len(selected), float(cast(float, options["max_bad_fraction"])))
     if not good:
         raise ValueError(f"Site {site} has no usable subjects: all {len(selected)} ROI files "
                          "are unusable (see the warnings above).")

@@ -237,8 +237,8 @@ def _read_site_series(
         checked.append(checked_data)
         good.append(i)
     skipped = [(str(paths[i]), bad[i]) for i in sorted(bad)]
-    for path, reason in skipped:
-        logger.warning("Skipping %s: %s", path, reason)
+    for file, reason in skipped:
+        logger.warning("Skipping %s: %s", file, reason)
     return good, checked, labels, skipped
 
 

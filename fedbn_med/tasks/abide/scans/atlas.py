@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import cast
 
 import nibabel as nib
 import numpy as np
@@ -45,7 +46,7 @@ def load_atlas(path: str | Path | None = None) -> nib.Nifti1Image:
     """
     if path is None:
         return _stand_in()
-    return _checked(nib.load(str(path)), str(path))
+    return _checked(cast(nib.Nifti1Image, nib.load(str(path))), str(path))
 
 
 @lru_cache(maxsize=1)
@@ -100,7 +101,7 @@ def derive_atlas(source: str | Path, out: str | Path, factor: int = 2) -> Path:
     pathlib.Path
         ``out``.
     """
-    image = nib.load(str(source))
+    image = cast(nib.Nifti1Image, nib.load(str(source)))
     fine = np.asarray(image.dataobj).astype(np.int64)
     pad = [(0, (-n) % factor) for n in fine.shape]
     fine = np.pad(fine, pad)

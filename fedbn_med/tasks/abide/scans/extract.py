@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import nibabel as nib
 import numpy as np
@@ -107,7 +107,7 @@ def _subject(scan: ScanInput, chain: Any, cleaning: Cleaning, seconds: dict[str,
     for transform in chain.transforms:
         start = time.perf_counter()
         try:
-            data = apply_transform(transform, data)
+            data = cast(dict[str, Any], apply_transform(transform, data))
         except Exception as exc:
             cause = _root_cause(exc)
             if isinstance(cause, DataFileError):

@@ -1,0 +1,289 @@
+"""Sweep the main job's defaults one at a time on two federations, choosing on validation only.
+
+The main job is FedBN on ABIDE (``pipelines/abide_fedbn.py``). Each default (optimiser
+and learning rate, weight decay, dropout, local epochs, stopping rule, feature
+transform) is varied alone around the current default, every other setting kept, on
+two federations of shared sites (group A: PITT, YALE, KKI, TRINITY; group B: MAX_MUN,
+STANFORD, CALTECH, SDSU), in process (the same numbers as over Flower). Every run is
+scored at its best-validation-loss round. The criterion, fixed before any result was
+seen, is the mean over sites and cells of the validation AUC (:mod:`_sweep_grid`); a
+value replaces a default only where it is best in both groups and beats the default
+in both. Test balanced accuracy and AUC are printed beside, for information, with the
+corrected resampled-t interval (Nadeau-Bengio) over the cells.
+
+    python benchmarks/defaults_sweep.py --data-dir DIR [--quick] [--rounds R] [--folds N]
+        [--seeds S] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
+        [--axes optimiser,features] [--resume] [--no-confirm]
+
+Every run is appended to ``cells.csv`` in the output folder as it ends; ``--resume``
+skips the runs already there (same groups, settings, fold, seed and rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import N_FOLDS, Benchmark, Budget, bar_plot, make_parser, markdown_table, run
+from _sweep_grid import (
+    AXES,
+    CRITERION,
+    QUICK_AXES,
+    SCORES,
+    WINDOW_STEP,
+    Summary,
+    Value,
+    cell_scores,
+    choose,
+    combine_intervals,
+    summarise,
+)
+
+NAME = "defaults_sweep"
+GROUPS = (("PITT", "YALE", "KKI", "TRINITY"), ("MAX_MUN", "STANFORD", "CALTECH", "SDSU"))
+FIELDS = ("group", "config", "rounds", "fold", "seed", "best_round", "last_round",
+          *[f"{s}_{at}" for at in ("best", "last") for s in SCORES], "seconds")
+
+
+def _groups(text: str) -> tuple[tuple[str, ...], ...]:
+    """Parse ``A1,A2/B1,B2``: groups of sites split by ``/`` (an argparse ``type``)."""
+    groups = tuple(tuple(s.strip() for s in part.split(",") if s.strip())
+                   for part in text.split("/"))
+    if not groups or any(len(g) < 2 for g in groups):
+        raise argparse.ArgumentTypeError(
+            f"expected groups of at least two comma-separated sites split by '/', such as "
+            f"PITT,YALE/KKI,TRINITY, got {text!r}")
+    return groups
+
+
+def _axes(text: str) -> tuple[str, ...]:
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in AXES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown axis {(unknown or [text])[0]!r}; valid axes: {', '.join(AXES)}")
+    return names
+
+
+def _key(spec: Any) -> str:
+    return spec.replace(fold=0, seed=0).to_json()
+
+
+class Sweep:
+    """The runs of one invocation: unique settings per group, cached in ``cells.csv``."""
+
+    def __init__(self, bench: Benchmark, base: Any, groups: Sequence[tuple[str, ...]]) -> None:
+        self.bench = bench
+        self.base = base
+        self.groups = {chr(ord("A") + i): g for i, g in enumerate(groups)}
+        self.path = bench.out / "cells.csv"
+        self.cells: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        if bench.args.resume and self.path.is_file():
+            with open(self.path, newline="", encoding="utf-8") as handle:
+                for row in csv.DictReader(handle):
+                    if int(row["rounds"]) == bench.args.rounds:
+                        self.cells[(row["group"], row["config"], int(row["fold"]),
+                                    int(row["seed"]))] = row
+        elif self.path.exists():
+            self.path.unlink()
+
+    def spec(self, group: str, value: Value) -> Any:
+        """Return the run spec of a value in a group (fold and seed set per cell)."""
+        return self.base.replace(sites=self.groups[group], **value.settings)
+
+    def config(self, value: Value) -> str:
+        """Return the name under which a value's runs are kept (shared by equal settings)."""
+        spec = self.base.replace(**value.settings)
+        if _key(spec) == _key(self.base):
+            return "default"
+        return ";".join(f"{k}={v}" for k, v in value.changes) or "default"
+
+    def run_all(self, values: Sequence[Value], desc: str) -> None:
+        """Run every (cell, group, distinct setting) of ``values`` not yet in the cache."""
+        configs = dict.fromkeys(self.config(v) for v in values)
+        by_config = {self.config(v): v for v in reversed(values)}
+        grid = [(fold, seed, group, config) for fold, seed in self.bench.cells
+                for group in self.groups for config in configs
+                if (group, config, fold, seed) not in self.cells]
+        for fold, seed, group, config in self.bench.progress(grid, desc):
+            started = time.perf_counter()
+            spec = self.spec(group, by_config[config]).replace(fold=fold, seed=seed)
+            rows = run(spec).rows
+            from fedbn_med.protocol import best_round
+
+            best, last = best_round(rows), max(int(r["round"]) for r in rows)
+            cell: dict[str, Any] = {"group": group, "config": config,
+                                    "rounds": self.bench.args.rounds, "fold": fold,
+                                    "seed": seed, "best_round": best, "last_round": last}
+            for at, rnd in (("best", best), ("last", last)):
+                cell.update({f"{k}_{at}": round(v, 6) for k, v in cell_scores(rows, rnd).items()})
+            cell["seconds"] = round(time.perf_counter() - started, 2)
+            self._append(cell)
+            self.cells[(group, config, fold, seed)] = cell
+
+    def _append(self, cell: Mapping[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists()
+        with open(self.path, "a", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerow(cell)
+
+    def summary(self, value: Value, group: str) -> Summary:
+        """Return a value's figures in a group, at the value's round, over every cell."""
+        config = self.config(value)
+        cells = [{s: float(c[f"{s}_{value.at}"]) for s in SCORES}
+                 for (g, cfg, fold, seed), c in self.cells.items()
+                 if g == group and cfg == config and (fold, seed) in self.bench.cells]
+        return summarise(cells, 1.0 / (N_FOLDS - 1))
+
+
+def _default_of(axis: str, values: tuple[Value, ...], sweep: Sweep) -> tuple[Value, ...]:
+    """Return the axis's values with the current default among them (added if absent)."""
+    if any(sweep.config(v) == "default" and v.at == "best" for v in values):
+        return values
+    return (Value(axis, "current default"), *values)
+
+
+def _pct(stats: tuple[float, float, float]) -> str:
+    from fedbn_med.protocol import format_stats
+
+    return format_stats(*stats)
+
+
+def _combined(chosen: Mapping[str, tuple[Value, str]], defaults: Mapping[str, Value]
+              ) -> Value | None:
+    changes: dict[str, object] = {}
+    for axis, (value, _) in chosen.items():
+        if value.label != defaults[axis].label:
+            changes.update(value.settings)
+    if sum(v.label != defaults[a].label for a, (v, _) in chosen.items()) < 2:
+        return None  # one change alone is its own row already
+    label = " + ".join(v.label for a, (v, _) in chosen.items() if v.label != defaults[a].label)
+    return Value("combined", label, tuple(sorted(changes.items())))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the sweep, choose each default on validation, publish the table."""
+    parser = make_parser(NAME, __doc__.splitlines()[0],
+                         full=Budget(rounds=100, folds=3, seeds=1),
+                         quick=Budget(rounds=3, folds=1, seeds=1))
+    parser.add_argument("--groups", type=_groups, default=GROUPS,
+                        help="federations, sites comma-separated, groups split by '/' "
+                             "(default " + "/".join(",".join(g) for g in GROUPS) + ")")
+    parser.add_argument("--axes", type=_axes, default=None,
+                        help=f"axes to sweep (default all: {', '.join(AXES)}; with --quick "
+                             f"{', '.join(QUICK_AXES)})")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already in the output folder's cells.csv")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="skip the confirmation run of every changed value combined")
+    bench = Benchmark(parser, argv)
+    args = bench.args
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import load_sites
+
+    for group in args.groups:
+        try:
+            load_sites(list(group))
+        except ValueError as err:
+            parser.error(f"--groups: {err}")
+    grid = QUICK_AXES if args.quick and args.axes is None else {
+        a: AXES[a] for a in (args.axes or AXES)}
+    base = RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed,
+                            data_dir=args.data_dir, device=args.device)
+    sweep = Sweep(bench, base, args.groups)
+    axes = {axis: _default_of(axis, values, sweep) for axis, values in grid.items()}
+    defaults = {axis: next(v for v in values if sweep.config(v) == "default" and v.at == "best")
+                for axis, values in axes.items()}
+    sweep.run_all([v for values in axes.values() for v in values], NAME)
+
+    groups = list(sweep.groups)
+    summaries = {(v.label, g): sweep.summary(v, g) for values in axes.values()
+                 for v in values for g in groups}
+    chosen = {axis: choose(axis, values, defaults[axis], summaries, groups)
+              for axis, values in axes.items()}
+    combined = None if args.no_confirm else _combined(chosen, defaults)
+    rows_of = [(axis, v) for axis, values in axes.items() for v in values]
+    if combined is not None:
+        sweep.run_all([combined], f"{NAME} (combined)")
+        summaries.update({(combined.label, g): sweep.summary(combined, g) for g in groups})
+        rows_of.append(("combined", combined))
+
+    body, csv_rows, metrics = [], [], {}
+    for axis, v in rows_of:
+        per = [summaries[(v.label, g)] for g in groups]
+        tests = {m: combine_intervals([s.test[m] for s in per])
+                 for m in ("test_balanced_accuracy", "test_auc")}
+        if axis == "combined":
+            default = [sweep.summary(Value("", ""), g).val[CRITERION] for g in groups]
+            beats = all(s.val[CRITERION] > d for s, d in zip(per, default))
+            mark = (f"confirmation: {'beats' if beats else 'does not beat'} the default "
+                    "in every group")
+        else:
+            value, why = chosen[axis]
+            mark = ("**chosen** " if v.label == value.label else "") + (
+                "(current default) " if v.label == defaults[axis].label else "") + (
+                why if v.label == value.label else "")
+        body.append([axis, v.label, *[f"{100 * s.val[CRITERION]:.1f}" for s in per],
+                     _pct(tests["test_balanced_accuracy"]), _pct(tests["test_auc"]),
+                     mark.strip()])
+        row: dict[str, object] = {"axis": axis, "value": v.label, "at": v.at,
+                                  "changes": ";".join(f"{k}={x}" for k, x in v.changes),
+                                  "chosen": axis != "combined" and v.label == chosen[axis][0].label}
+        for g, s in zip(groups, per):
+            row[f"cells_{g}"] = s.cells
+            row.update({f"{k}_{g}": round(x, 6) for k, x in s.val.items()})
+            row.update({f"{k}_{g}{suffix}": round(x, 6) for k, t in s.test.items()
+                        for suffix, x in zip(("", "_low", "_high"), t)})
+            metrics[_metric(f"{axis}.{v.label}.{g}.{CRITERION}")] = s.val[CRITERION]
+        csv_rows.append(row)
+    header = ["axis", "value", *[f"{g}: val AUC %" for g in groups],
+              "test bal. acc. % [95 % CI]", "test AUC % [95 % CI]", "choice (validation only)"]
+    table = markdown_table(header, body)
+    names = "; ".join(f"{g} = {', '.join(s)}" for g, s in sweep.groups.items())
+    notes = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
+             f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
+             f"{args.data_dir or 'the built-in cohort'}. Each run is scored at its "
+             "best-validation-loss round (the stopping-rule row 'last round' at its last "
+             f"round). Criterion, fixed before the runs: {CRITERION} (validation AUC, mean "
+             "over sites and cells) per group; a value replaces the default only when it "
+             "is best in every group and beats the default in every group. Test columns "
+             "are for information only: the mean over both groups, with the corrected "
+             "resampled t (Nadeau-Bengio, n_test/n_train = 0.25) of each group combined as "
+             f"independent. Windows: 32 volumes every {WINDOW_STEP} (the published code: "
+             "every volume). Every other setting is the current default: "
+             f"{_describe(base)}.")
+    for axis, (value, why) in chosen.items():
+        notes += f"\n- {axis}: {value.label} ({why})"
+
+    def plot(path: Path) -> Path:
+        labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]
+        series = {f"group {g}": ([100 * summaries[(v.label, g)].val[CRITERION]
+                                  for _, v in rows_of], [0.0] * len(rows_of))
+                  for g in groups}
+        return bar_plot(path, labels, series, ylabel="validation AUC (%)",
+                        title=f"defaults sweep: {CRITERION} at the selected round")
+
+    bench.publish(table, csv_rows, plot, notes=notes, metrics=metrics)
+    return 0
+
+
+def _describe(spec: Any) -> str:
+    s = spec.settings
+    return (f"{s.optimizer} lr {spec.lr:g}, weight decay {s.weight_decay:g}, dropout "
+            f"{spec.dropout:g}, {spec.local_epochs} local epoch(s), batch {spec.batch_size}, "
+            f"windows {s.windows}, harmonize {s.harmonize}")
+
+
+def _metric(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

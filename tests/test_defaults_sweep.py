@@ -1,0 +1,140 @@
+"""``benchmarks/defaults_sweep.py``: the main job's defaults, chosen on validation only.
+
+Its ``--quick`` run goes end to end on a small release the test writes in the real
+layout (:func:`tests.test_determinism.write_release`), two federations of two sites,
+into a real MLflow sqlite store; the decision rule is checked on figures made here.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.test_determinism import write_release
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+SITES = {"PITT": 12, "YALE": 12, "KKI": 12, "TRINITY": 12}
+GROUPS = "PITT,YALE/KKI,TRINITY"
+
+
+@pytest.fixture()
+def sweep(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    """Return the benchmark module, with the built-in data (if any) kept in ``tmp_path``."""
+    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module("defaults_sweep")
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a small real-shaped release holding the sites of :data:`SITES`."""
+    return write_release(tmp_path_factory.mktemp("release"), SITES, seed=2)
+
+
+def _rows(text: str) -> list[list[str]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("|")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines][2:]
+
+
+def test_quick_run_publishes_the_table_and_reuses_its_cells(
+        sweep: ModuleType, release: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    argv = ["--quick", "--data-dir", str(release), "--groups", GROUPS, "--out", str(out),
+            "--tracking-uri", store]
+    assert sweep.main(argv) == 0
+    printed = capsys.readouterr().out
+    body = _rows((out / "table.md").read_text(encoding="utf-8"))
+    # every value of the quick grid, each axis with exactly one chosen value
+    assert [(r[0], r[1]) for r in body if r[0] != "combined"] == [
+        ("optimiser", "SGD lr 1e-2"), ("optimiser", "Adam lr 1e-3"),
+        ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
+        ("features", "whole series"), ("features", "per-site z")]
+    for axis in ("optimiser", "stopping rule", "features"):
+        assert sum("**chosen**" in r[-1] for r in body if r[0] == axis) == 1, body
+    # the stopping rule is never chosen on validation (its round is chosen there)
+    assert "**chosen**" in next(r[-1] for r in body if r[1] == "best-validation-loss round")
+    assert all(re.fullmatch(r"\d+\.\d", r[2]) and re.fullmatch(r"\d+\.\d", r[3])
+               for r in body), body
+    assert "Criterion, fixed before the runs: val_auc" in printed
+    with open(out / "cells.csv", newline="", encoding="utf-8") as handle:
+        cells = list(csv.DictReader(handle))
+    # the default is run once per group and shared by every axis: 3 settings x 2 groups
+    assert sorted((c["group"], c["config"]) for c in cells) == sorted(
+        (g, c) for g in "AB" for c in ("default", "harmonize=site_z;windows=0",
+                                       "lr=0.001;optimizer=adam"))
+    with open(out / "table.csv", newline="", encoding="utf-8") as handle:
+        table = list(csv.DictReader(handle))
+    assert {"val_auc_A", "val_auc_B", "test_auc_A_low", "chosen"} <= set(table[0])
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("abide-benchmarks")
+                               .experiment_id], "tags.benchmark = 'defaults_sweep'")
+    assert len(runs) == 1
+
+    # --resume runs nothing again: the cells come back from cells.csv
+    assert sweep.main([*argv, "--resume"]) == 0
+    assert "defaults_sweep: 0 runs" in capsys.readouterr().out
+
+
+def _summary(auc: float) -> object:
+    from _sweep_grid import Summary
+
+    return Summary(3, {"val_auc": auc, "val_balanced_accuracy": 0.5, "val_loss": 0.7}, {})
+
+
+@pytest.mark.parametrize(("aucs", "chosen", "why"), [
+    ({"a": (0.60, 0.60), "b": (0.65, 0.66), "c": (0.62, 0.61)}, "b", "changed"),
+    ({"a": (0.60, 0.60), "b": (0.65, 0.58), "c": (0.62, 0.63)}, "a", "groups' best values differ"),
+    ({"a": (0.70, 0.70), "b": (0.65, 0.66), "c": (0.62, 0.61)}, "a", "default is best"),
+])
+def test_a_default_changes_only_when_both_groups_agree(
+        sweep: ModuleType, aucs: dict[str, tuple[float, float]], chosen: str, why: str) -> None:
+    from _sweep_grid import Value, choose
+
+    values = [Value("dropout", label) for label in aucs]
+    summaries = {(label, g): _summary(auc[i]) for label, auc in aucs.items()
+                 for i, g in enumerate("AB")}
+    value, reason = choose("dropout", values, values[0], summaries, ["A", "B"])
+    assert value.label == chosen and why in reason
+
+
+def test_the_stopping_rule_keeps_the_protocols_round(sweep: ModuleType) -> None:
+    from _sweep_grid import AXES, choose
+
+    best, last = AXES["stopping rule"]
+    summaries = {(best.label, g): _summary(0.6) for g in "AB"}
+    summaries.update({(last.label, g): _summary(0.9) for g in "AB"})
+    value, reason = choose("stopping rule", [best, last], best, summaries, ["A", "B"])
+    assert value is best and "circular" in reason
+
+
+def test_intervals_of_independent_groups_add_in_quadrature(sweep: ModuleType) -> None:
+    from _sweep_grid import combine_intervals
+
+    mean, low, high = combine_intervals([(0.6, 0.5, 0.7), (0.8, 0.8, 0.8)])
+    assert (mean, round(low, 6), round(high, 6)) == (0.7, 0.65, 0.75)
+    assert combine_intervals([(0.6, float("nan"), float("nan"))])[0] == 0.6
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--groups", "PITT,YALE/KKI"], ("expected groups of at least two comma-separated sites "
+                                    "split by '/'.*got 'PITT,YALE/KKI'")),
+    (["--groups", "PITT,YALEE/KKI,TRINITY"], (r"--groups: Unknown site 'YALEE'\. Valid "
+                                             r"sites: .*YALE")),
+    (["--axes", "dropout,momentum"], ("unknown axis 'momentum'; valid axes: optimiser, "
+                                     "weight decay, dropout")),
+])
+def test_bad_options_say_what_is_valid(sweep: ModuleType, release: Path, tmp_path: Path,
+                                       argv: list[str], message: str,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        sweep.main(["--quick", "--data-dir", str(release), "--out", str(tmp_path), *argv])
+    assert re.search(message, capsys.readouterr().err), message
