@@ -71,6 +71,14 @@ def float_list(text: str) -> tuple[float, ...]:
     return values
 
 
+def site_names(text: str) -> tuple[str, ...]:
+    """Parse a comma-separated list of site names (an argparse ``type``)."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
 def make_parser(name: str, description: str, *, full: Budget, quick: Budget
                 ) -> argparse.ArgumentParser:
     """Return the argument parser every benchmark shares; scripts add their own options."""
@@ -97,6 +105,10 @@ def make_parser(name: str, description: str, *, full: Budget, quick: Budget
                         help=f"seeds per fold, from --seed on (default {full.seeds}; "
                              f"{quick.seeds} with --quick)")
     parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
+    parser.add_argument("--sites", type=site_names, default=None,
+                        help="comma-separated sites, files in sites/ (default: the script's "
+                             "own, usually the run spec's NYU,UM,USM,UCLA); with --data-dir "
+                             "any real sites, e.g. PITT,YALE,KKI,TRINITY")
     parser.add_argument("--publish", action="store_true",
                         help="also copy the results into benchmarks/published/ and rewrite "
                              "the README's block for them (see benchmarks/_published.py)")
@@ -131,6 +143,16 @@ class Benchmark:
             if not (args.data_dir / "ABIDE_pcp").is_dir():
                 parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed "
                              f"layout); {args.data_dir} does not")
+        if args.sites is not None:
+            if len(args.sites) < 2:
+                parser.error(f"--sites must name at least two sites for a federation, got "
+                             f"{','.join(args.sites)}")
+            from fedbn_med.tasks.abide.sites import load_sites
+
+            try:
+                load_sites(list(args.sites))
+            except ValueError as err:
+                parser.error(f"--sites: {err}")
         self.parser = parser
         self.args = args
         self.name: str = args.benchmark
@@ -158,6 +180,8 @@ class Benchmark:
 
         base = RunSpec(rounds=self.args.rounds, seed=self.args.seed, n_folds=N_FOLDS,
                        data_dir=self.args.data_dir, device=self.args.device)
+        if self.args.sites is not None:
+            base = base.replace(sites=self.args.sites)
         return base.replace(**changes)
 
     def progress(self, grid: Sequence[Any], desc: str | None = None) -> Iterable[Any]:

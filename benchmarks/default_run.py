@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder holding ABIDE_pcp/ (real ABIDE); default: the built-in "
                              "cohort")
+    parser.add_argument("--publish", action="store_true",
+                        help="also copy the results into benchmarks/published/ and rewrite "
+                             "the README's block for them")
     args = parser.parse_args(argv)
     folds = args.folds or (QUICK["folds"] if args.quick else 5)
     if not 1 <= folds <= 5:
@@ -67,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["data_dir"] = args.data_dir.expanduser().resolve()
     spec = RunSpec.for_task("abide", **overrides)
     body, below, one_class, total, first_table = [], 0, 0, 0, ""
+    rows: list[dict[str, object]] = []
     for fold in range(folds):
         result = run(spec.replace(fold=fold)).result()
         sel, last = result.selected, result.last
@@ -84,6 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                      _pct(sum(float(last[s]["test_accuracy"]) for s in spec.sites)
                           / len(spec.sites)),
                      ", ".join(result.one_class) or "none"])
+        rows.extend({"fold": fold, "site": s, "selected_round": result.selected_round,
+                     "last_round": result.last_round,
+                     **{f"{k}": sel[s].get(f"test_{k}", float("nan"))
+                        for k in ("n", "accuracy", "balanced_accuracy", "auc",
+                                  "majority_rate", "positive_rate")},
+                     "last_accuracy": last[s]["test_accuracy"]} for s in spec.sites)
         if fold == 0:
             first_table = result.table
     table = markdown_table(
@@ -95,8 +105,29 @@ def main(argv: Sequence[str] | None = None) -> int:
           "selected round (lowest mean validation loss over the sites)\n")
     print(table)
     print(f"\nFold 0, per site, as the pipeline prints it:\n\n{first_table}")
-    print(f"\n(fold, site) results below 50 % accuracy: {below} of {total}; predicting one "
-          f"class only: {one_class} of {total}; {time.perf_counter() - started:.1f} s")
+    summary = (f"(fold, site) results below 50 % accuracy: {below} of {total}; predicting "
+               f"one class only: {one_class} of {total}")
+    print(f"\n{summary}; {time.perf_counter() - started:.1f} s")
+    if args.publish:
+        from _published import publish, publish_key
+
+        from fedbn_med.report import csv_text
+        from fedbn_med.tasks.abide.settings import COHORT_VERSION
+
+        real = args.data_dir is not None
+        what = (f"real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites "
+                f"{', '.join(spec.sites)}" if real else
+                f"built-in cohort v{COHORT_VERSION}, sites {', '.join(spec.sites)}")
+        report = (f"{table}\n\nFold 0, per site, as the pipeline prints it:\n\n"
+                  f"{first_table}\n\n{summary}.")
+        folder = publish(publish_key(NAME, spec.sites, real), name=NAME, argv=argv,
+                         report=report, csv_text=csv_text(rows), data=what,
+                         protocol=(f"{spec.label}, {spec.rounds} rounds, folds 0-{folds - 1} "
+                                   f"of 5, seed {spec.seed}; each fold's result at its round "
+                                   "with the lowest mean validation loss; Wilson 95 % "
+                                   "intervals per site"),
+                         wall_time_s=time.perf_counter() - started)
+        print(f"published to {folder}")
     return 0
 
 

@@ -54,14 +54,6 @@ REPETITIONS = (1, 3, 5, 10, 20, 50)
 SUBJECT_FACTORS = (1, 2, 4, 8)
 
 
-def _sites(text: str) -> tuple[str, ...]:
-    sites = tuple(s.strip() for s in text.split(",") if s.strip())
-    if len(sites) < 2:
-        raise argparse.ArgumentTypeError(f"expected at least two site names such as "
-                                         f"PITT,YALE,KKI,TRINITY, got {text!r}")
-    return sites
-
-
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -120,8 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__.splitlines()[0],
                          full=Budget(rounds=100, folds=5, seeds=3),
                          quick=Budget(rounds=2, folds=2, seeds=2))
-    parser.add_argument("--sites", type=_sites, default=None,
-                        help="the federation (default: the run spec's sites)")
     parser.add_argument("--target-pp", type=_positive, default=3.0,
                         help="half-width to reach, in percentage points (default 3)")
     bench = Benchmark(parser, argv)

@@ -123,7 +123,7 @@ def table(cells: list[dict[str, object]]) -> str:
         mine = [c for c in cells if c["pipeline"] == pipeline and c["strategy"] == strategy]
 
         def ms(key: str, scale: float = 100.0) -> str:
-            values = np.array([float(c[key]) for c in mine]) * scale  # type: ignore[arg-type]
+            values = np.array([float(c[key]) for c in mine]) * scale  # type: ignore[arg-type]  # noqa: B023 - called in this iteration
             return f"{values.mean():.1f} ({values.std():.1f})" if scale > 1 else (
                 f"{values.mean():.3f} ({values.std():.3f})")
 
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(cells))
     print(f"\nsites {args.sites}; {args.rounds} rounds; {args.folds} folds; paper pipeline: "
           f"windows of 32 volumes every {args.window_step}, per-site z, Adam lr "
-          f"{args.paper_lr:g} wd 5e-2; mean (std) over folds; wall {time.monotonic() - started:.0f} s")
+          f"{args.paper_lr:g} wd 5e-2; mean (std) over folds; "
+          f"wall {time.monotonic() - started:.0f} s")
     return 0
 
 

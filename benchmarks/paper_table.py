@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from _common import (LABELS, Benchmark, Budget, make_parser, publish_site_comparison,
-                     strategy_config)
-
+from _common import LABELS, Benchmark, Budget, make_parser, publish_site_comparison, strategy_config
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")

@@ -12,8 +12,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from _published import (PUBLISHED_DIR, README, blocks, check_comparison, check_hashes,
-                        load_meta, render_block, rewrite_readme)
+from _published import (
+    PUBLISHED_DIR,
+    README,
+    blocks,
+    check_comparison,
+    check_hashes,
+    load_meta,
+    render_block,
+    rewrite_readme,
+)
 
 
 def problems(readme_text: str) -> list[str]:

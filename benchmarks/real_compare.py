@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from _common import (LABELS, Benchmark, Budget, make_parser, publish_site_comparison,
-                     strategy_config)
-
+from _common import LABELS, Benchmark, Budget, make_parser, publish_site_comparison, strategy_config
 
 NAME = "real_compare"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -41,9 +39,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__.splitlines()[0],
                          full=Budget(rounds=ROUNDS, folds=5, seeds=3),
                          quick=Budget(rounds=3, folds=1, seeds=1))
-    parser.add_argument("--sites", type=_names, default=SITES,
-                        help=f"comma-separated sites, files in sites/ (default "
-                             f"{','.join(SITES)})")
     parser.add_argument("--strategies", type=_names, default=STRATEGIES,
                         help=f"comma-separated strategies (default {','.join(STRATEGIES)})")
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
@@ -51,20 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.strategies import STRATEGIES as KNOWN
-    from fedbn_med.tasks.abide.sites import load_sites
 
     unknown = [s for s in args.strategies if s not in KNOWN]
     if unknown:
         parser.error(f"unknown strategy {unknown[0]!r} in --strategies; valid strategies: "
                      f"{', '.join(sorted(KNOWN))}")
-    if len(args.sites) < 2:
-        parser.error(f"--sites must name at least two sites for a federation, got "
-                     f"{','.join(args.sites)}")
-    try:
-        load_sites(list(args.sites))
-    except ValueError as err:
-        parser.error(f"--sites: {err}")
-    sites = tuple(args.sites)
+    sites = args.sites = tuple(args.sites or SITES)
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
                                                weighting=args.weighting)
              for s in args.strategies}

@@ -28,6 +28,8 @@ subjects stratified by site.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -604,7 +606,7 @@ def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
 
         def part(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             index = torch.as_tensor(np.array(idx, dtype=np.int64))
-            return x[index], y[index]
+            return x[index], y[index]  # noqa: B023 - used within this iteration
 
         data = SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
         out[name] = PreparedSite(data, split, np.asarray(feats.labels),
@@ -634,8 +636,32 @@ class _BestRoundKeeper:
         for site, trainer in self.trainers.items():
             s = self.prepared[site]
             prob = trainer.predict(s.data.test[0]).numpy().astype(np.float64)
+            groups = s.data.test_groups
+            if groups is not None:  # windows: a subject's P(ASD) is its windows' mean
+                of = groups.numpy()
+                prob = np.array([prob[of == i].mean() for i in s.split.test])
             self.predictions[site] = SitePredictions(s.split.test.copy(),
                                                      s.labels[s.split.test].copy(), prob)
+
+
+def _with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
+                   sites: Mapping[str, SiteConfig]) -> Mapping[str, PreparedSite]:
+    """Return the sites' data with the spec's feature chain applied, when it has one.
+
+    :func:`prepare_sites` gives whole-series features, which every method of a cell and
+    the reference rows share. A method whose strategy or settings transform them (per-site
+    z, ComBat, FD regression, sliding windows) gets its rows built as a run of it builds
+    them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on the training
+    rows only), on the same split.
+    """
+    from fedbn_med.tasks.abide.build import feature_transform, prepare_site_data
+
+    settings = spec.settings
+    if not (getattr(settings, "windows", 0) or getattr(settings, "fd_regression", False)
+            or feature_transform(spec) != "none"):
+        return prepared
+    return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec))
+            for name, p in prepared.items()}
 
 
 def run_cell(spec: RunSpec, label: str | None = None,
@@ -659,7 +685,7 @@ def run_cell(spec: RunSpec, label: str | None = None,
     from fedbn_med.tasks.abide.sites import load_sites
 
     sites = sites or load_sites(list(spec.sites))
-    prepared = prepared or prepare_sites(spec, sites)
+    prepared = _with_features(spec, prepared or prepare_sites(spec, sites), sites)
     trainers = {name: build_trainer(sites[name], spec, prepared[name].data) for name in sites}
     strategy = spec.strategy_obj()
     pooled = build_pooled(trainers, spec) if strategy.pooled else None

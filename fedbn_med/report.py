@@ -51,8 +51,11 @@ _LAST = ("test_accuracy", "test_balanced_accuracy", "test_auc", "test_dice")
 
 
 def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
-    """Return the columns of a results table: test n, every test score but the loss, the
-    majority rate and the share predicted positive, the epsilon a DP site spent, then size."""
+    """Return the columns of a results table, in order.
+
+    Test n, every test score but the loss, the majority rate and the share predicted
+    positive, the epsilon a DP site spent, then the training size.
+    """
     first = next(iter(final.values()), {})
     dp = tuple(k for k in _EPSILONS if any(k in m for m in final.values()))
     counts = [k for k in _COUNTS if any(k in m for m in final.values())]

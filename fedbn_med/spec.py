@@ -101,7 +101,8 @@ class RunSpec:
     rounds, local_epochs, batch_size : int
         Communication rounds, local epochs per round, examples per batch.
     lr, dropout : float
-        SGD learning rate; dropout of the ABIDE network.
+        SGD learning rate; dropout of the ABIDE network (0.5: chosen on validation by
+        ``benchmarks/defaults_sweep.py`` on shared real ABIDE sites).
     seed, fold, n_folds : int
         Base seed (model initialisation, shuffling); the test fold of ``n_folds``.
     sites : tuple of str
@@ -145,7 +146,7 @@ class RunSpec:
     local_epochs: int = 1
     batch_size: int = 32
     lr: float = 1e-2
-    dropout: float = 0.0
+    dropout: float = 0.5
     seed: int = 0
     fold: int = 0
     n_folds: int = 5

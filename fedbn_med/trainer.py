@@ -456,7 +456,8 @@ class SiteTrainer:
         layers = bn_layers(self.model)
         x = self.data.train[0]
         # Only layers that never saw a batch: a resumed or averaged layer keeps its values.
-        if not layers or x.shape[0] < 2 or any(int(cast(torch.Tensor, m.num_batches_tracked)) for m in layers):
+        if not layers or x.shape[0] < 2 or any(
+                int(cast(torch.Tensor, m.num_batches_tracked)) for m in layers):
             return
         estimate_bn_statistics(self.model, self._bn_batches(), self.device)
 

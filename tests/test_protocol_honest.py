@@ -22,6 +22,7 @@ from fedbn_med.protocol import (
     best_round,
     compare,
     reference_cells,
+    run_cell,
 )
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import prepare_site_data
@@ -275,3 +276,30 @@ def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
     here = {c.strategy: c for c in comparison.cells if (c.fold, c.seed) == (1, 1)}
     for cell in alone.cells:
         assert cell.scores == here[cell.strategy].scores
+
+
+def test_a_method_that_transforms_features_gets_them_in_the_comparison(
+        small_cohort: Path) -> None:
+    # The comparison shares whole-series features between its methods; a baseline whose
+    # strategy z-scores each site (fedavg_sitez) must still train on z-scored rows, fitted
+    # on the training split, on the same split as the others.
+    from fedbn_med.protocol import _with_features, prepare_sites
+
+    sites = load_sites(["UCLA", "USM"])
+    plain = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
+                             strategy="fedavg")
+    prepared = prepare_sites(plain, sites)
+    assert _with_features(plain, prepared, sites) is prepared
+    zspec = plain.replace(strategy="fedavg_sitez")
+    z = _with_features(zspec, prepared, sites)
+    for name in sites:
+        x = z[name].data.train[0].numpy()
+        assert np.allclose(x.mean(0), 0.0, atol=1e-4)
+        sd = x.std(0, ddof=1)
+        assert np.allclose(sd[sd > 0], 1.0, atol=1e-3)
+        assert np.array_equal(z[name].split.test, prepared[name].split.test)
+        assert z[name].data.test[0].shape == prepared[name].data.test[0].shape
+        assert not torch.equal(z[name].data.test[0], prepared[name].data.test[0])
+    cell = run_cell(zspec.replace(rounds=2), "FedAvg, site z", prepared, sites)
+    for name in sites:
+        assert cell.predictions[name].index.size == prepared[name].split.test.size

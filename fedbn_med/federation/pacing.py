@@ -46,7 +46,7 @@ class Pacer:
         self.empty_total = 0
 
     def start(self) -> None:
-        """The wait starts now (the request was sent, the reply pushed)."""
+        """Start the wait now (the request was sent, the reply pushed)."""
         self.since = time.monotonic()
         self.first_ask = None
         self.pause = self.poll
@@ -75,7 +75,7 @@ class Pacer:
         self.pause = self.poll
 
     def arrived(self, asked_at: float | None = None) -> int:
-        """The event came: remember how long it took; return the empty asks before it.
+        """Note that the event came: remember its wait; return the empty asks before it.
 
         ``asked_at`` is when the ask that found it was sent (what came after, such as
         downloading it, is not part of the wait).

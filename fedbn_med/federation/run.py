@@ -189,9 +189,8 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
     site file lets its private layers leave it; by default a run whose strategy would
     send them (FedAvg, FedProx) is refused, whatever the server asks.
     """
-    from fedbn_med.tasks.site_toml import share_private_layers
-
     from fedbn_med.federation.node import run_node
+    from fedbn_med.tasks.site_toml import share_private_layers
 
     host = superlink.rsplit(":", 1)[0]
     loopback = host in ("127.0.0.1", "localhost", "::1", "[::1]")

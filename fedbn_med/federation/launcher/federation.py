@@ -41,6 +41,7 @@ from fedbn_med.federation.events import (
     decode,
     encode,
 )
+from fedbn_med.federation.launcher.fleet_gate import GateLimits
 from fedbn_med.federation.launcher.flower_cli import TlsFiles
 from fedbn_med.federation.launcher.processes import (
     EventReader,
@@ -52,7 +53,6 @@ from fedbn_med.federation.launcher.processes import (
     port_taken,
     terminate_tree,
 )
-from fedbn_med.federation.launcher.fleet_gate import GateLimits
 from fedbn_med.spec import RUN_CONFIG_KEY
 
 __all__ = ["LocalFederation"]

@@ -56,7 +56,6 @@ import resource
 import signal
 import socket
 import ssl
-import sys
 import time
 from base64 import b64decode
 from collections import OrderedDict

@@ -1,4 +1,4 @@
-"""Flower's command lines as the launcher uses them: the SuperLink, ``flwr run``, ``flwr supernode``.
+"""Flower's command lines as the launcher uses them: SuperLink, ``flwr run``, ``flwr supernode``.
 
 Only documented commands and options appear here; their output is read as JSON
 (``--format json``) where Flower offers it, never searched as text. The SuperLink is

@@ -156,6 +156,7 @@ class RunResults:
 
 
 def warm_up_tracking(tracking_uri: str | None) -> None:
+    """Open the tracking store once before the first round (its first use is slow)."""
     from fedbn_med.tracking import warm_up
 
     warm_up(tracking_uri)

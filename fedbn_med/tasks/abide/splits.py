@@ -12,8 +12,8 @@ seed. Repetition 0 (run seed 0) keeps the site file's split as it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np

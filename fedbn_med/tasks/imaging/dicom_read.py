@@ -198,7 +198,7 @@ def _pixels(path: Path, ds: pydicom.Dataset) -> np.ndarray:
 
 
 def _modality(raw: np.ndarray, ds: pydicom.Dataset, multi: bool) -> np.ndarray:
-    """Stored values to modality units, per frame for an enhanced multi-frame object."""
+    """Convert stored values to modality units, per frame for an enhanced multi-frame object."""
     transforms = [_frame_groups(ds, i, "PixelValueTransformationSequence")
                   for i in range(_n_frames(ds))] if multi else []
     if any(t is not None for t in transforms):

@@ -19,8 +19,10 @@ class ClassificationTrainer(ImageTrainer):
         return nn.functional.cross_entropy(output.float(), target.long().reshape(-1))
 
     def score_dataset(self, dataset: Dataset) -> dict[str, float]:
-        """Return accuracy, balanced accuracy, ROC AUC, F1, loss, n and the share predicted
-        positive on a dataset (no majority rate: the training labels stay unread)."""
+        """Return accuracy, balanced accuracy, ROC AUC, F1, loss, n and the positive share.
+
+        No majority rate: the training labels stay unread here.
+        """
         items = [dataset[i] for i in range(len(dataset))]
         x = torch.stack([torch.as_tensor(it["image"]).float() for it in items])
         y = torch.as_tensor([int(it["label"]) for it in items], dtype=torch.int64)

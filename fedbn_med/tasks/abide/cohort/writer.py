@@ -25,8 +25,8 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd

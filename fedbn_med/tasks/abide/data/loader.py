@@ -8,12 +8,11 @@ their ROI files through nilearn (:mod:`.roi_files`), computes the features
 
 from __future__ import annotations
 
-from typing import cast
-
 import logging
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd

@@ -56,7 +56,7 @@ def read(root: Path, *, finding: str = "Pleural Effusion", uncertain: UncertainP
         split_of = {r["dicom_id"]: r["split"] for r in read_table(split_path, "").to_dict(
             "records")}
     out: Datalists = {}
-    for line, row in enumerate(meta.to_dict("records"), start=2):
+    for row in meta.to_dict("records"):
         if views and row["ViewPosition"] not in views:
             continue
         key = (row["subject_id"], row["study_id"])
