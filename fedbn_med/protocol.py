@@ -29,7 +29,6 @@ subjects stratified by site.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence

@@ -445,7 +445,8 @@ class SiteTrainer:
         """Set every BN layer's running mean and variance from this site's training data.
 
         Done once, before the first local step, when no BN layer has seen a batch yet:
-        one pass, in the training split's order and in training batches. PyTorch starts
+        one pass, in the training split's order and in training batches, with dropout
+        off (as when scoring, and as onboarding starts them). PyTorch starts
         the running statistics at 0 and 1; on connectivity features the first layer's
         outputs have a variance near 0.005, and with momentum 0.1 and a few batches a
         round the estimates take tens of rounds to arrive, so that a site's evaluations
@@ -459,7 +460,10 @@ class SiteTrainer:
         if not layers or x.shape[0] < 2 or any(
                 int(cast(torch.Tensor, m.num_batches_tracked)) for m in layers):
             return
-        estimate_bn_statistics(self.model, self._bn_batches(), self.device)
+        # Only the BN layers in training mode: with dropout on, the statistics would
+        # depend on the process's random state (one process in-process, one per site
+        # over Flower), and they are the statistics the site scores with.
+        estimate_bn_statistics(self.model, self._bn_batches(), self.device, only_bn=True)
 
     def _bn_batches(self) -> Iterator[torch.Tensor]:
         """Yield the site's training inputs in training-sized batches, in split order.

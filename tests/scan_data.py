@@ -43,7 +43,8 @@ def paint(series: np.ndarray, noise: float = 0.0, rng: np.random.Generator | Non
 
 def bold_path(root: Path, label: str) -> Path:
     """Return the path of a subject's preprocessed BOLD image."""
-    return root / f"sub-{label}" / "func" / f"sub-{label}_task-rest_space-{SPACE}_desc-preproc_bold.nii.gz"
+    name = f"sub-{label}_task-rest_space-{SPACE}_desc-preproc_bold.nii.gz"
+    return root / f"sub-{label}" / "func" / name
 
 
 def make_derivatives(root: Path, series: list[np.ndarray], *, tr: float = 2.0,

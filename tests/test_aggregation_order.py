@@ -23,8 +23,8 @@ def _replies(n_sites: int, size: int, seed: int) -> tuple[dict[str, torch.Tensor
     for i in range(n_sites):
         step = 1e-2 * torch.randn(size, generator=gen)
         # Odd, unequal example counts, as real sites have: the weights n/total are inexact.
-        replies.append(Reply(site=f"SITE{i}", weights={"net.0.weight": start["net.0.weight"] + step},
-                             num_examples=17 + 6 * i))
+        weights = {"net.0.weight": start["net.0.weight"] + step}
+        replies.append(Reply(site=f"SITE{i}", weights=weights, num_examples=17 + 6 * i))
     return start, replies
 
 

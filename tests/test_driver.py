@@ -85,7 +85,8 @@ def test_centralized_pools_and_every_site_evaluates():
     strategy = Centralized()
     trainers = _trainers(strategy)
     parts = [t.data.train for t in trainers.values()]
-    pooled_data = SiteData(train=(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])),
+    pooled_data = SiteData(train=(torch.cat([p[0] for p in parts]),
+                                  torch.cat([p[1] for p in parts])),
                            val=trainers["A"].data.val, test=trainers["A"].data.test)
     torch.manual_seed(0)
     pooled = SiteTrainer("pooled", AbideMLP(12), pooled_data, strategy, batch_size=16,

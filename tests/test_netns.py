@@ -56,7 +56,7 @@ def network():
         _ip("link", "add", "br0", "type", "bridge", ns=server)
         _ip("addr", "add", f"{SUBNET}.1/24", "dev", "br0", ns=server)
         _ip("link", "set", "br0", "up", ns=server)
-        for i, (site, ns) in enumerate(sites.items()):
+        for i, ns in enumerate(sites.values()):
             _ip("netns", "add", ns)
             made.append(ns)
             _ip("link", "set", "lo", "up", ns=ns)

@@ -56,7 +56,7 @@ def test_repetition_seed_refuses_bad_seeds(args: tuple, message: str) -> None:
 def test_repetitions_redraw_splits_and_validation_comes_from_training() -> None:
     tests = {s: [site_splits(LABELS, fold=k, seed=repetition_split_seed(0, s)).test
                  for k in range(5)] for s in range(3)}
-    for s, folds in tests.items():  # each repetition's test folds partition the site
+    for folds in tests.values():  # each repetition's test folds partition the site
         assert np.array_equal(np.sort(np.concatenate(folds)), np.arange(len(LABELS)))
     assert not np.array_equal(tests[0][0], tests[1][0])
     assert not np.array_equal(tests[1][0], tests[2][0])
@@ -153,7 +153,7 @@ def test_repetitions_test_different_subjects_and_folds_partition(
             assert not set(by[0, seed][s].index) & set(by[1, seed][s].index)
     oof = comparison.out_of_fold("fedbn")
     assert set(oof) == set(SITES)
-    for site, (index, labels, prob, reps) in oof.items():
+    for index, labels, prob, reps in oof.values():
         assert reps >= 1 and np.all(np.diff(index) > 0) and labels.size == prob.size
 
 

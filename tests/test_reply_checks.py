@@ -12,10 +12,24 @@ import pytest
 import torch
 
 from fedbn_med.federation.records import RECORD, pack, unpack
-from fedbn_med.federation.server.checks import (MAX_ENTRIES, SCORE_RANGES, evaluate_reason,
-                                                metrics_reason, score_names, train_reason)
-from fedbn_med.rounds import (HISTORY_SHARE, OUTLIER_FACTOR, Reply, capped_weights,
-                              check_reply, close_round, outlier_reason, update_norm)
+from fedbn_med.federation.server.checks import (
+    MAX_ENTRIES,
+    SCORE_RANGES,
+    evaluate_reason,
+    metrics_reason,
+    score_names,
+    train_reason,
+)
+from fedbn_med.rounds import (
+    HISTORY_SHARE,
+    OUTLIER_FACTOR,
+    Reply,
+    capped_weights,
+    check_reply,
+    close_round,
+    outlier_reason,
+    update_norm,
+)
 from fedbn_med.strategies import FedAvg, FedBN
 from fedbn_med.tasks import TASK_NAMES, get_task
 

@@ -155,7 +155,8 @@ def test_a_site_ceiling_refuses_a_run_that_would_cross_it(tmp_path, monkeypatch)
 def test_a_site_reads_no_path_and_no_server_setting(tmp_path, monkeypatch):
     spec = RunSpec(rounds=2, data_dir=tmp_path / "operator")
     server = ServerSettings(workdir=tmp_path / "srv", federation_id="f-1",
-                            tracking_uri="https://user:secret@mlflow.example", node_sites={"7": "NYU"})
+                            tracking_uri="https://user:secret@mlflow.example",
+                            node_sites={"7": "NYU"})
     site_spec, fid = read_site_config(run_config(spec, server))
     assert site_spec.data_dir is None and fid == "f-1"
     sealed = seal_run_config(run_config(spec, server), tmp_path / "home")
