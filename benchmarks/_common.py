@@ -254,14 +254,12 @@ class Benchmark:
 
     def data_description(self) -> tuple[str, tuple[str, ...]]:
         """Return which data this run used (in words) and its sites."""
+        from _published import describe_data
+
         from fedbn_med.spec import RunSpec
-        from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
         sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task("abide").sites)
-        if self.args.data_dir is None:
-            return (f"built-in cohort v{COHORT_VERSION}, sites {', '.join(sites)}", sites)
-        return ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites "
-                f"{', '.join(sites)}", sites)
+        return describe_data(sites, self.args.data_dir is not None), sites
 
     def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
         from _published import publish, publish_key

@@ -33,8 +33,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["PUBLISHED_DIR", "README", "blocks", "publish", "publish_key", "render_block",
-           "rewrite_readme"]
+__all__ = ["PUBLISHED_DIR", "README", "blocks", "describe_data", "publish", "publish_key",
+           "render_block", "rewrite_readme"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_DIR = ROOT / "benchmarks" / "published"
@@ -49,6 +49,16 @@ def publish_key(name: str, sites: Sequence[str] | None, real: bool) -> str:
     if not real:
         return name
     return f"{name}-real-{'_'.join(sites or ())}" if sites else f"{name}-real"
+
+
+def describe_data(sites: Sequence[str], real: bool) -> str:
+    """Return which data a published table came from, in words."""
+    if real:
+        return ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites "
+                f"{', '.join(sites)}")
+    from fedbn_med.tasks.abide.settings import COHORT_VERSION
+
+    return f"built-in cohort v{COHORT_VERSION}, sites {', '.join(sites)}"
 
 
 def _sha256(path: Path) -> str:

@@ -109,15 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                f"one class only: {one_class} of {total}")
     print(f"\n{summary}; {time.perf_counter() - started:.1f} s")
     if args.publish:
-        from _published import publish, publish_key
+        from _published import describe_data, publish, publish_key
 
         from fedbn_med.report import csv_text
-        from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
         real = args.data_dir is not None
-        what = (f"real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites "
-                f"{', '.join(spec.sites)}" if real else
-                f"built-in cohort v{COHORT_VERSION}, sites {', '.join(spec.sites)}")
+        what = describe_data(spec.sites, real)
         report = (f"{table}\n\nFold 0, per site, as the pipeline prints it:\n\n"
                   f"{first_table}\n\n{summary}.")
         folder = publish(publish_key(NAME, spec.sites, real), name=NAME, argv=argv,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -33,3 +36,20 @@ def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
         site_effect=1.0,
         n_subjects_scale=SMALL_COHORT_SCALE,
     )
+
+
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture()
+def benchmark_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+                     ) -> Callable[[str], ModuleType]:
+    """Return a loader of ``benchmarks/<name>.py`` modules for one test.
+
+    The built-in data (if a benchmark generates any) land in ``tmp_path``, no MLflow
+    store comes from the environment, and ``benchmarks/`` is importable.
+    """
+    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module

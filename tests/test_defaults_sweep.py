@@ -8,8 +8,8 @@ into a real MLflow sqlite store; the decision rule is checked on figures made he
 from __future__ import annotations
 
 import csv
-import importlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -24,12 +24,9 @@ GROUPS = "PITT,YALE/KKI,TRINITY"
 
 
 @pytest.fixture()
-def sweep(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+def sweep(benchmark_module: Callable[[str], ModuleType]) -> ModuleType:
     """Return the benchmark module, with the built-in data (if any) kept in ``tmp_path``."""
-    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-    return importlib.import_module("defaults_sweep")
+    return benchmark_module("defaults_sweep")
 
 
 @pytest.fixture(scope="module")

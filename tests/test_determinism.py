@@ -27,6 +27,8 @@ import pandas as pd
 import pytest
 import torch
 
+from fedbn_med.federation.client_app import MAX_LOSS
+
 ROOT = Path(__file__).resolve().parents[1]
 SITES = "USM,UCLA"  # the two smallest default sites: a quick cohort
 #: Sites of the real-shaped release (their files are in sites/) and their subjects.
@@ -38,7 +40,6 @@ LONG_ROUNDS = 30
 FLOWER_ROUNDS = 12
 #: Decimals the scores and losses leave a site with over Flower (its privacy policy).
 SITE_DECIMALS = 4
-MAX_LOSS = 100.0  # client_app.MAX_LOSS: what a site caps a loss at
 _QC = ("qc_rater_1", "qc_anat_rater_2", "qc_func_rater_2", "qc_anat_rater_3",
        "qc_func_rater_3")
 

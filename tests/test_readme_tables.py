@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -25,18 +26,16 @@ KEY = "real_compare-real-PITT_YALE"
 
 
 @pytest.fixture()
-def modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, ModuleType]:
+def modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+            benchmark_module: Callable[[str], ModuleType]) -> dict[str, ModuleType]:
     """Return the benchmark modules, publishing into ``tmp_path`` instead of the repo."""
-    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-    published = importlib.import_module("_published")
+    published = benchmark_module("_published")
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n<!-- results:{KEY} -->\nold numbers\n"
                       f"<!-- /results:{KEY} -->\nafter\n", encoding="utf-8")
     monkeypatch.setattr(published, "PUBLISHED_DIR", tmp_path / "published")
     monkeypatch.setattr(published, "README", readme)
-    tables = importlib.import_module("readme_tables")
+    tables = benchmark_module("readme_tables")
     monkeypatch.setattr(tables, "PUBLISHED_DIR", tmp_path / "published")
     monkeypatch.setattr(tables, "README", readme)
     # rewrite_readme's default argument was bound at import: pass the README explicitly.
@@ -44,7 +43,7 @@ def modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Module
                         lambda key=None, readme=readme, _f=published.rewrite_readme:
                         _f(key, readme))
     return {"published": published, "tables": tables,
-            "real_compare": importlib.import_module("real_compare")}
+            "real_compare": benchmark_module("real_compare")}
 
 
 def test_the_readme_matches_the_published_results() -> None:

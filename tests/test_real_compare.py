@@ -8,8 +8,8 @@ paper's four, into a real MLflow sqlite store.
 from __future__ import annotations
 
 import csv
-import importlib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -23,12 +23,9 @@ SITES = {"PITT": 14, "YALE": 12, "KKI": 12}
 
 
 @pytest.fixture()
-def real_compare(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+def real_compare(benchmark_module: Callable[[str], ModuleType]) -> ModuleType:
     """Return the benchmark module, with the built-in data (if any) kept in ``tmp_path``."""
-    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-    return importlib.import_module("real_compare")
+    return benchmark_module("real_compare")
 
 
 @pytest.fixture(scope="module")
