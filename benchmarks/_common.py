@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tqdm import tqdm
 
-from fedbn_med.argtypes import positive_int
+from fedbn_med.cli.argtypes import positive_int
 
 if TYPE_CHECKING:
-    from fedbn_med.driver import History
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.training.inprocess import History
+    from fedbn_med.training.trainer import SiteData
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
@@ -233,7 +233,7 @@ class Benchmark:
             f"{self.args.folds} fold(s) x {self.args.seeds} seed(s) from seed "
             f"{self.args.seed}, wall time {wall:.1f} s._\n")
         (self.out / "table.md").write_text(table + footer, encoding="utf-8")
-        from fedbn_med.report import csv_text
+        from fedbn_med.evaluation.report import csv_text
 
         (self.out / "table.csv").write_text(csv_text(rows), encoding="utf-8")
         png = plot(self.out / "plot.png")
@@ -309,7 +309,7 @@ def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
         sites: Mapping[str, SiteConfig] | None = None) -> History:
     """Run one federation in this process, on given (e.g. subsampled) site data if any.
 
-    The rounds are the driver's, hence :mod:`fedbn_med.rounds`, as in every engine.
+    The rounds are the driver's, hence :mod:`fedbn_med.fl.rounds`, as in every engine.
 
     Parameters
     ----------
@@ -320,9 +320,9 @@ def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
     sites : mapping of site name to SiteConfig, optional
         Loaded from ``sites/`` when omitted.
     """
-    from fedbn_med.driver import run_in_process
     from fedbn_med.tasks.abide.build import build_pooled, build_trainer
     from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.training.inprocess import run_in_process
 
     sites = sites or load_sites(list(config.sites))
     datas = datas or prepare_all(config, sites)
@@ -357,10 +357,10 @@ def selected(history: History, metric: str = "test_balanced_accuracy") -> float:
     """Return the mean over sites of a metric at the run's selected round.
 
     The selected round is the one with the lowest mean validation loss
-    (:func:`fedbn_med.protocol.best_round`): the run's result is that round's model, and
-    no test split takes part in choosing it.
+    (:func:`fedbn_med.evaluation.comparison.best_round`): the run's result is that round's
+    model, and no test split takes part in choosing it.
     """
-    from fedbn_med.protocol import best_round
+    from fedbn_med.evaluation.comparison import best_round
 
     return site_mean(history, metric, best_round(history.rows))
 
@@ -475,8 +475,8 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     The plot shows each method's test balanced accuracy per site and on average at the
     best-validation round, with the corrected 95 % interval. Returns the exit status 0.
     """
-    from fedbn_med.protocol import run_comparison
-    from fedbn_med.report import csv_text
+    from fedbn_med.evaluation.comparison import run_comparison
+    from fedbn_med.evaluation.report import csv_text
 
     bench.runs += len(specs) * len(bench.cells)
     comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)

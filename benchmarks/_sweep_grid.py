@@ -7,7 +7,7 @@ axis whose values score the default's runs at another round, so it runs nothing.
 
 The selection criterion, fixed before any result was seen, is :data:`CRITERION`: the
 mean over cells of the site-mean validation AUC at each run's best-validation-loss
-round (:func:`fedbn_med.protocol.best_round`). Test scores are reported beside it and
+round (:func:`fedbn_med.evaluation.comparison.best_round`). Test scores are reported beside it and
 take no part in any choice (:func:`choose`).
 """
 
@@ -129,7 +129,7 @@ def summarise(cells: Sequence[Mapping[str, float]], test_train_ratio: float) -> 
 
     Each cell maps ``<score>`` (:data:`SCORES`) to its site mean at the value's round.
     """
-    from fedbn_med.stats import corrected_t_interval
+    from fedbn_med.evaluation.stats import corrected_t_interval
 
     def mean(key: str) -> float:
         vals = [c[key] for c in cells if math.isfinite(c[key])]

@@ -28,8 +28,8 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import format_interval
-from fedbn_med.report import convergence_plot
+from fedbn_med.evaluation.comparison import format_interval
+from fedbn_med.evaluation.report import convergence_plot
 from fedbn_med.spec import BN_INITS
 
 NAME = "convergence"

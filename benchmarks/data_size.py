@@ -31,9 +31,9 @@ from _common import (
 )
 from sklearn.model_selection import train_test_split
 
-from fedbn_med.protocol import format_interval
+from fedbn_med.evaluation.comparison import format_interval
 from fedbn_med.tasks.abide.sites import load_sites
-from fedbn_med.trainer import SiteData, derive_seed
+from fedbn_med.training.trainer import SiteData, derive_seed
 
 NAME = "data_size"
 STRATEGIES = ("fedbn", "singleset")

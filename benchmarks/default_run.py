@@ -3,7 +3,7 @@
 ``python pipelines/abide_fedbn.py`` runs one fold (0) of the default spec. This runs the
 same spec (in this process: the same numbers as over Flower) on each fold and reports
 each run as the pipeline does: at its selected round, the one with the lowest mean
-validation loss over the sites (:meth:`fedbn_med.driver.History.best_round`, the
+validation loss over the sites (:meth:`fedbn_med.training.inprocess.History.best_round`, the
 protocol's rule), with the last round beside it. Per fold it prints each site's test
 accuracy / balanced accuracy / AUC at that round, the site means, the mean majority rate
 (what predicting each site's training majority scores), the last round's mean accuracy,
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.publish:
         from _published import describe_data, publish, publish_key
 
-        from fedbn_med.report import csv_text
+        from fedbn_med.evaluation.report import csv_text
 
         real = args.data_dir is not None
         what = describe_data(spec.sites, real)

@@ -113,7 +113,7 @@ class Sweep:
             started = time.perf_counter()
             spec = self.spec(group, by_config[config]).replace(fold=fold, seed=seed)
             rows = run(spec).rows
-            from fedbn_med.protocol import best_round
+            from fedbn_med.evaluation.comparison import best_round
 
             best, last = best_round(rows), max(int(r["round"]) for r in rows)
             cell: dict[str, Any] = {"group": group, "config": config,
@@ -151,7 +151,7 @@ def _default_of(axis: str, values: tuple[Value, ...], sweep: Sweep) -> tuple[Val
 
 
 def _pct(stats: tuple[float, float, float]) -> str:
-    from fedbn_med.protocol import format_stats
+    from fedbn_med.evaluation.comparison import format_stats
 
     return format_stats(*stats)
 

@@ -68,8 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="MRI rounds (default: --rounds, at most 20)")
     parser.add_argument("--no-mri", action="store_true", help="ABIDE only")
     bench = Benchmark(parser, argv)
-    from fedbn_med.driver import run_spec
     from fedbn_med.spec import RunSpec
+    from fedbn_med.training.inprocess import run_spec
 
     # curves[(setting, label)] = one mean-over-sites curve per run
     curves: dict[tuple[str, str], list[np.ndarray]] = {}

@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the stock-Flower hel
 
 from _stock_flower import stock_flower_run  # noqa: E402
 
-from fedbn_med.driver import run_in_process  # noqa: E402
 from fedbn_med.federation.run import FlowerOptions, run_flower  # noqa: E402
 from fedbn_med.spec import RunSpec  # noqa: E402
 from fedbn_med.tasks import get_task  # noqa: E402
+from fedbn_med.training.inprocess import run_in_process  # noqa: E402
 
 
 def in_process_seconds(spec: RunSpec) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import Cell, Comparison, format_stats
+from fedbn_med.evaluation.comparison import Cell, Comparison, format_stats
 
 NAME = "heterogeneity"
 STRATEGIES = ("fedbn", "fedavg")

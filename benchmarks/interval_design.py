@@ -44,8 +44,8 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import Comparison, format_stats, run_comparison
-from fedbn_med.stats import naive_t_interval
+from fedbn_med.evaluation.comparison import Comparison, format_stats, run_comparison
+from fedbn_med.evaluation.stats import naive_t_interval
 
 NAME = "interval_design"
 STRATEGIES = ("fedbn", "fedavg")

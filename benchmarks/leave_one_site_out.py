@@ -35,6 +35,7 @@ import numpy as np
 import psutil
 import torch
 
+from fedbn_med.evaluation.report import paper_table
 from fedbn_med.onboarding import (
     ONBOARDING_EXPERIMENT,
     OnboardingOptions,
@@ -42,7 +43,6 @@ from fedbn_med.onboarding import (
     onboard,
     train_federation,
 )
-from fedbn_med.report import paper_table
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import build_model, prepare_site_data
 from fedbn_med.tasks.abide.sites import load_sites

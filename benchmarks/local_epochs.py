@@ -28,7 +28,7 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import format_interval
+from fedbn_med.evaluation.comparison import format_interval
 
 NAME = "local_epochs"
 STRATEGIES = ("fedbn", "fedavg", "fedprox")

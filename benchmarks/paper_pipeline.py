@@ -79,8 +79,8 @@ def select(rows: list[dict]) -> dict[str, float]:
 
 def run_cells(args: argparse.Namespace) -> list[dict[str, object]]:
     """Run every (pipeline, strategy, fold) and return one scored row per cell."""
-    from fedbn_med.driver import run_spec
     from fedbn_med.spec import RunSpec
+    from fedbn_med.training.inprocess import run_spec
 
     sites = tuple(s for s in args.sites.split(",") if s)
     cells: list[dict[str, object]] = []

@@ -4,7 +4,7 @@ Every strategy trains on every (fold, repetition) cell: the 5 test folds of ever
 split times 3 repetitions by default, each repetition re-drawing every site's split.
 SingleSet, FedAvg, FedProx (mu = 0.01), FedBN and Centralized use the paper's settings
 (SGD lr 0.01, batch 32, one local epoch per round). Each run's result is its round with
-the lowest mean validation loss (:mod:`fedbn_med.protocol`); the tables give balanced
+the lowest mean validation loss (:mod:`fedbn_med.evaluation.comparison`); the tables give balanced
 accuracy, AUC and accuracy as mean [corrected 95 % CI] over the cells, with a
 majority-class and a motion-only (mean FD) row, the paired differences of FedBN against
 every other row (naive and corrected intervals), and subject-level McNemar and DeLong

@@ -3,9 +3,9 @@
 For each target epsilon (delta 1e-5 by default) the noise multiplier sigma that spends
 exactly it over ``--rounds`` rounds is found with Opacus's RDP accountant (sampling rate
 1: every site releases an update every round); every site clips its update to ``--clip``
-and adds N(0, (sigma C)^2) per coordinate (:mod:`fedbn_med.privacy`). Accuracy is on each
+and adds N(0, (sigma C)^2) per coordinate (:mod:`fedbn_med.fl.privacy`). Accuracy is on each
 site's test split at the run's selected round (the lowest mean validation loss over the
-sites, :meth:`fedbn_med.driver.History.best_round`), mean (std) over runs (test folds);
+sites, :meth:`fedbn_med.training.inprocess.History.best_round`), mean (std) over runs (test folds);
 ``inf`` is the run without DP. The epsilon each site reports is the whole run's (its last
 round's), and is checked against the target.
 
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--delta must be in (0, 1), got {bench.args.delta}")
     if not (bench.args.clip > 0 and math.isfinite(bench.args.clip)):
         parser.error(f"--clip must be a positive number, got {bench.args.clip}")
-    from fedbn_med.privacy import noise_for_epsilon
+    from fedbn_med.fl.privacy import noise_for_epsilon
 
     rounds, delta, clip = bench.args.rounds, bench.args.delta, bench.args.clip
     sigma = {eps: 0.0 if math.isinf(eps) else noise_for_epsilon(eps, delta, rounds)

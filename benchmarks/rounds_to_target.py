@@ -36,8 +36,8 @@ from _common import (
     strategy_config,
 )
 
-from fedbn_med.protocol import format_stats
-from fedbn_med.stats import corrected_t_interval
+from fedbn_med.evaluation.comparison import format_stats
+from fedbn_med.evaluation.stats import corrected_t_interval
 
 NAME = "rounds_to_target"
 STRATEGIES = ("fedbn", "fedavg")

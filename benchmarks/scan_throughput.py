@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Wall time {time.perf_counter() - started:.1f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(table + "\n", encoding="utf-8")
-    from fedbn_med.report import csv_text
+    from fedbn_med.evaluation.report import csv_text
 
     (args.out / "table.csv").write_text(csv_text(rows), encoding="utf-8")
     return 0

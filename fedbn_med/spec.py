@@ -26,9 +26,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
-from fedbn_med.privacy import UpdatePrivacy
-from fedbn_med.rounds import WEIGHTINGS
-from fedbn_med.strategies import Strategy, get_strategy
+from fedbn_med.fl.privacy import UpdatePrivacy
+from fedbn_med.fl.rounds import WEIGHTINGS
+from fedbn_med.fl.strategies import Strategy, get_strategy
 from fedbn_med.tasks import TASK_NAMES
 
 __all__ = [
@@ -95,7 +95,7 @@ class RunSpec:
     task : str
         ``"abide"`` (connectivity, the paper's setting), ``"mri"`` or ``"xray"``.
     strategy : str
-        A name from :data:`fedbn_med.strategies.STRATEGIES`.
+        A name from :data:`fedbn_med.fl.strategies.STRATEGIES`.
     mu : float or None
         Proximal weight (FedProx, FedBN+prox); None is the strategy's default.
     rounds, local_epochs, batch_size : int
@@ -116,7 +116,7 @@ class RunSpec:
         The task's own settings (ABIDE: the built-in cohort's site effect; imaging: image
         size, subjects, slices, caching).
     dp_clip, dp_noise : float or None
-        Client-level DP (:mod:`fedbn_med.privacy`): every site clips its update to norm
+        Client-level DP (:mod:`fedbn_med.fl.privacy`): every site clips its update to norm
         ``dp_clip`` and adds Gaussian noise of std ``dp_noise * dp_clip``. Both or neither;
         a site's own file may demand more noise. A setting whose epsilon is infinite or
         undefined is refused.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone, too
 
-from fedbn_med.consortium import create_consortium
+from fedbn_med.federation.consortium import create_consortium
 
 
 def main(argv: list[str] | None = None) -> int:

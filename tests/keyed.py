@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedbn_med.consortium import ConsortiumFiles, create_consortium
 from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.consortium import ConsortiumFiles, create_consortium
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles
 from fedbn_med.federation.launcher.processes import FederationError
 from fedbn_med.federation.launcher.watchdog import family, stop_all

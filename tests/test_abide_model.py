@@ -7,7 +7,7 @@ import torch
 from monai.networks.blocks import ADN
 from torch import nn
 
-from fedbn_med.partition import partition_model
+from fedbn_med.fl.partition import partition_model
 from fedbn_med.tasks.abide.model import AbideMLP
 
 

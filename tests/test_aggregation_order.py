@@ -3,7 +3,7 @@
 Over Flower, replies arrive in a different order from round to round and run to run.
 Floating-point sums depend on their order, and on small real sites a one-bit difference
 in round 1 grows into different predictions by round 50 (measured on four real ABIDE dev
-sites). So :func:`fedbn_med.rounds.close_round` must give the same bits for every order.
+sites). So :func:`fedbn_med.fl.rounds.close_round` must give the same bits for every order.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import itertools
 
 import torch
 
-from fedbn_med.rounds import Reply, close_round
-from fedbn_med.strategies import get_strategy
+from fedbn_med.fl.rounds import Reply, close_round
+from fedbn_med.fl.strategies import get_strategy
 
 
 def _replies(n_sites: int, size: int, seed: int) -> tuple[dict[str, torch.Tensor], list[Reply]]:

@@ -21,8 +21,8 @@ import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedbn_med.consortium import create_consortium
 from fedbn_med.federation import _flwr_compat as flwr_compat
+from fedbn_med.federation.consortium import create_consortium
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, free_port
 from fedbn_med.federation.launcher.fleet_gate import SIGNATURE_HEADERS, TIMESTAMP_WINDOW, GateLimits
 from fedbn_med.federation.node import _load_auth_keys

@@ -28,7 +28,7 @@ import pytest
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher.flower_cli import CONNECTION, flwr_tool, write_run_config
-from fedbn_med.privacy import epsilon
+from fedbn_med.fl.privacy import epsilon
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 
 from .keyed import keyed_federation, run_federation, start_honest

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedbn_med.consortium import create_consortium
+from fedbn_med.federation.consortium import create_consortium
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, free_port
 from fedbn_med.federation.launcher.processes import terminate_tree
 from fedbn_med.federation.node import _load_auth_keys

@@ -13,13 +13,13 @@ import torch
 from monai.networks.nets import DenseNet121, UNet
 from torch import nn
 
-from fedbn_med.driver import run_in_process
-from fedbn_med.harmonize import ComBat, MotionRegressor, SiteStandardizer
-from fedbn_med.partition import NoPrivateKeysError, partition_model
+from fedbn_med.fl.partition import NoPrivateKeysError, partition_model
+from fedbn_med.fl.strategies import get_strategy
 from fedbn_med.spec import RunSpec
-from fedbn_med.strategies import get_strategy
+from fedbn_med.tasks.abide.harmonize import ComBat, MotionRegressor, SiteStandardizer
 from fedbn_med.tasks.abide.model import AbideMLP
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 STATS = ("running_mean", "running_var", "num_batches_tracked")
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedbn_med.trainer import SiteData
+from fedbn_med.training.trainer import SiteData
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 EXPERIMENT = "abide-benchmarks"

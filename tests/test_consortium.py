@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedbn_med.consortium import create_consortium
+from fedbn_med.federation.consortium import create_consortium
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles
 from fedbn_med.federation.run import run_site
 

@@ -178,9 +178,9 @@ def test_flower_matches_in_process_over_a_long_run(release: Path, tmp_path: Path
 
 def test_one_bit_grows_over_the_long_run(release: Path) -> None:
     """The long run is long enough: one bit of one initial weight changes the result."""
-    from fedbn_med.driver import run_in_process
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks import get_task
+    from fedbn_med.training.inprocess import run_in_process
 
     spec = RunSpec(task="abide", strategy="fedbn", sites=tuple(RELEASE_SITES),
                    rounds=LONG_ROUNDS, data_dir=release, device="cpu")

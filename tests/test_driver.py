@@ -6,11 +6,11 @@ from monai.fl.client import ClientAlgo
 from monai.fl.utils.constants import ExtraItems
 from monai.fl.utils.exchange_object import ExchangeObject
 
-from fedbn_med.clientalgo import FedBNClientAlgo
-from fedbn_med.driver import run_in_process
-from fedbn_med.strategies import Centralized, FedAvg, FedBN, SingleSet, get_strategy
+from fedbn_med.fl.strategies import Centralized, FedAvg, FedBN, SingleSet, get_strategy
 from fedbn_med.tasks.abide.model import AbideMLP
-from fedbn_med.trainer import ShapeMismatchError, SiteData, SiteTrainer
+from fedbn_med.training.clientalgo import FedBNClientAlgo
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.trainer import ShapeMismatchError, SiteData, SiteTrainer
 
 
 def _site_data(shift: float, scale: float, seed: int, n: int = 60, d: int = 12) -> SiteData:
@@ -56,7 +56,7 @@ def test_aggregation_leaves_private_tensors_unchanged():
     config = {"round": 1}
     updates = [t.fit({}, config) for t in trainers.values()]
     private_after_training = {s: t.private_state() for s, t in trainers.items()}
-    from fedbn_med.strategies import weighted_average
+    from fedbn_med.fl.strategies import weighted_average
     global_w = weighted_average([(w, n) for w, n, _ in updates])
     for site, trainer in trainers.items():
         trainer.score(global_w)
@@ -175,7 +175,7 @@ def test_bad_arguments():
 
 
 def test_history_selects_the_round_of_lowest_mean_validation_loss():
-    from fedbn_med.protocol import best_round
+    from fedbn_med.evaluation.comparison import best_round
 
     history = run_in_process(_trainers(FedBN()), FedBN(), rounds=4)
     chosen = history.best_round()

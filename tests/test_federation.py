@@ -13,12 +13,12 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from fedbn_med.checkpoint import load_tensors
-from fedbn_med.driver import run_spec
 from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
-from fedbn_med.scaffold import split_controls
+from fedbn_med.fl.scaffold import split_controls
 from fedbn_med.spec import RunSpec
+from fedbn_med.training.inprocess import run_spec
 
 from .test_privacy import (
     check_no_clean_update_left_the_site,

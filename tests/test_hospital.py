@@ -20,8 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from fedbn_med.consortium import create_consortium
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
+from fedbn_med.federation.consortium import create_consortium
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, free_port
 from fedbn_med.federation.launcher.flower_cli import connection_config, register_key
 from fedbn_med.federation.launcher.processes import FederationError, terminate_tree

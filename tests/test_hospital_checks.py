@@ -9,8 +9,8 @@ import torch
 
 from fedbn_med.federation.config import ServerSettings
 from fedbn_med.federation.server.checks import metrics_reason
-from fedbn_med.rounds import Reply, close_round, num_examples_reason
-from fedbn_med.strategies import get_strategy
+from fedbn_med.fl.rounds import Reply, close_round, num_examples_reason
+from fedbn_med.fl.strategies import get_strategy
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, -5, 0, 2.5, 10**12, "7"])
@@ -56,7 +56,7 @@ def test_site_names_are_plain_and_match_their_file(tmp_path, monkeypatch):
 def test_private_keys_are_never_readable_by_others(tmp_path):
     import os
 
-    from fedbn_med.consortium import create_consortium
+    from fedbn_med.federation.consortium import create_consortium
 
     old = os.umask(0)  # the most permissive umask: the files must still be 0600
     try:

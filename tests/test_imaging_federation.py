@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedbn_med.driver import run_in_process
-from fedbn_med.pipeline import run_tracked
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.tracked_run import run_tracked
 
 TINY = {
     "mri": (("SiteA", "SiteC"), {"image_size": 16, "subjects": 6, "slices": 4},

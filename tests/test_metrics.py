@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, balanced_accuracy_score, f1_score, roc_auc_score
 
-from fedbn_med.metrics import classification_metrics, roc_auc
+from fedbn_med.evaluation.metrics import classification_metrics, roc_auc
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -8,11 +8,11 @@ import urllib.request
 import pytest
 import torch
 
-from fedbn_med.driver import run_in_process
-from fedbn_med.strategies import FedBN
+from fedbn_med.fl.strategies import FedBN
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tracking import FederationTracker
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 from tests.mlflow_ui import mlflow_server as serve
 
 pytestmark = pytest.mark.integration

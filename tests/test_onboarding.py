@@ -14,6 +14,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedbn_med.checkpoint import save_tensors
+from fedbn_med.fl.partition import partition_model, select
+from fedbn_med.fl.strategies import FedBN
 from fedbn_med.onboarding import (
     CheckpointSource,
     FederationWeights,
@@ -31,12 +33,10 @@ from fedbn_med.onboarding import (
     onboard_new_site,
     save_bn_affine,
 )
-from fedbn_med.partition import partition_model, select
 from fedbn_med.spec import RunSpec
-from fedbn_med.strategies import FedBN
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.sites import load_site
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 REPO = Path(__file__).resolve().parent.parent
 D = 12

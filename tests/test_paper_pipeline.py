@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedbn_med.metrics import classification_metrics
+from fedbn_med.evaluation.metrics import classification_metrics
+from fedbn_med.fl.strategies import get_strategy
 from fedbn_med.spec import RunSpec
-from fedbn_med.strategies import get_strategy
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.settings import OPTIMIZERS
 from fedbn_med.tasks.abide.transforms import SlidingWindowConnectivity
-from fedbn_med.trainer import OPTIMISERS, SiteData, SiteTrainer
+from fedbn_med.training.trainer import OPTIMISERS, SiteData, SiteTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ import torch
 from monai.networks.nets import DenseNet121, UNet
 from torch import nn
 
-from fedbn_med.partition import NoPrivateKeysError, partition_model, site_private_keys
-from fedbn_med.strategies import FedAvg, FedBN
+from fedbn_med.fl.partition import NoPrivateKeysError, partition_model, site_private_keys
+from fedbn_med.fl.strategies import FedAvg, FedBN
 from fedbn_med.tasks.abide.model import AbideMLP
 
 

@@ -57,11 +57,11 @@ def check_no_private_tensor_left_the_site(wire: bytes, config: RunSpec, site: st
         assert _bytes(tensor) not in store, f"private {key} is in the MLflow store"
 
 
-# -- client-level differential privacy (fedbn_med.privacy) --------------------------------
+# -- client-level differential privacy (fedbn_med.fl.privacy) --------------------------------
 def _dp_trainers(privacy):
-    from fedbn_med.strategies import FedBN
+    from fedbn_med.fl.strategies import FedBN
     from fedbn_med.tasks.abide.model import AbideMLP
-    from fedbn_med.trainer import SiteTrainer
+    from fedbn_med.training.trainer import SiteTrainer
 
     from .test_driver import _site_data
 
@@ -74,9 +74,9 @@ def _dp_trainers(privacy):
 
 
 def test_dp_with_no_noise_and_a_huge_clip_equals_no_dp():
-    from fedbn_med.driver import run_in_process
-    from fedbn_med.privacy import UpdatePrivacy
-    from fedbn_med.strategies import FedBN
+    from fedbn_med.fl.privacy import UpdatePrivacy
+    from fedbn_med.fl.strategies import FedBN
+    from fedbn_med.training.inprocess import run_in_process
 
     plain = run_in_process(_dp_trainers(None), FedBN(), rounds=3)
     dp = run_in_process(_dp_trainers(UpdatePrivacy(clip=1e9, noise=0.0)), FedBN(), rounds=3)
@@ -92,7 +92,7 @@ def test_dp_with_no_noise_and_a_huge_clip_equals_no_dp():
 def test_epsilon_is_opacus_rdp_accountant(noise, rounds, delta):
     from opacus.accountants import RDPAccountant
 
-    from fedbn_med.privacy import UpdatePrivacy
+    from fedbn_med.fl.privacy import UpdatePrivacy
 
     accountant = RDPAccountant()
     for _ in range(rounds):  # every site releases once per round: sampling rate 1
@@ -107,7 +107,7 @@ def test_epsilon_is_opacus_rdp_accountant(noise, rounds, delta):
 
 
 def test_clip_and_noise_clips_to_c_and_adds_sigma_c():
-    from fedbn_med.privacy import clip_and_noise
+    from fedbn_med.fl.privacy import clip_and_noise
 
     update = {"a": torch.full((3,), 4.0), "b": torch.full((1,), 4.0)}  # norm 8
     clipped, norm = clip_and_noise(update, clip=2.0, noise=0.0)
@@ -119,7 +119,7 @@ def test_clip_and_noise_clips_to_c_and_adds_sigma_c():
 
 
 def test_dp_noise_is_not_derived_from_the_run_seed():
-    from fedbn_med.privacy import UpdatePrivacy
+    from fedbn_med.fl.privacy import UpdatePrivacy
 
     privacy = UpdatePrivacy(clip=1.0, noise=1.0)
     start = {"w": torch.zeros(64)}

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from fedbn_med.protocol import Cell, Comparison, best_round, interval
-from fedbn_med.rounds import Reply, close_round
-from fedbn_med.strategies import FedAvg, FedBN
+from fedbn_med.evaluation.comparison import Cell, Comparison, best_round, interval
+from fedbn_med.fl.rounds import Reply, close_round
+from fedbn_med.fl.strategies import FedAvg, FedBN
 from fedbn_med.tasks.abide.model import AbideMLP
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 
 def _rows(val: list[float], test: list[float]) -> list[dict]:

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedbn_med.metrics import classification_metrics
-from fedbn_med.protocol import (
+from fedbn_med.evaluation.comparison import (
     MAJORITY,
     MOTION,
     Cell,
@@ -24,11 +23,12 @@ from fedbn_med.protocol import (
     reference_cells,
     run_cell,
 )
+from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import prepare_site_data
 from fedbn_med.tasks.abide.sites import load_sites
 from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
-from fedbn_med.trainer import SiteData
+from fedbn_med.training.trainer import SiteData
 
 SITES = ("NYU", "UM", "USM", "UCLA")
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -209,8 +209,8 @@ def test_rounds_to_target_counts_censored_runs() -> None:
 
 # -- DP in honest terms ----------------------------------------------------------------------
 def test_replace_one_epsilon_is_computed_and_larger() -> None:
-    from fedbn_med.dp_terms import replace_one_epsilon
-    from fedbn_med.privacy import epsilon
+    from fedbn_med.fl.dp_terms import replace_one_epsilon
+    from fedbn_med.fl.privacy import epsilon
 
     for noise, rounds in ((1.0, 20), (2.0, 100), (0.8, 50)):
         add_remove = epsilon(noise, rounds, 1e-5)
@@ -220,8 +220,8 @@ def test_replace_one_epsilon_is_computed_and_larger() -> None:
 
 
 def test_large_epsilon_warns_and_seeded_noise_is_labelled_not_private() -> None:
-    from fedbn_med.dp_terms import LargeEpsilonWarning
-    from fedbn_med.report import result_columns, site_table
+    from fedbn_med.evaluation.report import result_columns, site_table
+    from fedbn_med.fl.dp_terms import LargeEpsilonWarning
 
     with pytest.warns(LargeEpsilonWarning, match=r"spends epsilon = .*above 10"):
         RunSpec.for_task("abide", strategy="fedbn", dp_clip=1.0, dp_noise=0.5, rounds=31)
@@ -239,8 +239,8 @@ def test_large_epsilon_warns_and_seeded_noise_is_labelled_not_private() -> None:
 
 
 def test_seeded_noise_repeats_and_private_noise_does_not() -> None:
-    from fedbn_med.privacy import UpdatePrivacy
-    from fedbn_med.strategies import FedAvg
+    from fedbn_med.fl.privacy import UpdatePrivacy
+    from fedbn_med.fl.strategies import FedAvg
     from fedbn_med.tasks.abide.model import AbideMLP
 
     torch.manual_seed(0)
@@ -256,7 +256,7 @@ def test_seeded_noise_repeats_and_private_noise_does_not() -> None:
         assert metrics["dp_seeded"] == float(seeded)
         return weights
 
-    from fedbn_med.trainer import SiteTrainer as SiteTrainer_
+    from fedbn_med.training.trainer import SiteTrainer as SiteTrainer_
 
     first, again = sent(True), sent(True)
     assert all(torch.equal(first[k], again[k]) for k in first)
@@ -267,7 +267,7 @@ def test_seeded_noise_repeats_and_private_noise_does_not() -> None:
 def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
                                                 small_cohort: Path) -> None:
     """What --compare adds to Flower runs: the same reference cells, drawn the same way."""
-    from fedbn_med.protocol import add_reference_rows
+    from fedbn_med.evaluation.comparison import add_reference_rows
 
     spec = RunSpec.for_task("abide", sites=SITES, data_dir=small_cohort)
     alone = Comparison(sites=SITES)
@@ -283,7 +283,7 @@ def test_a_method_that_transforms_features_gets_them_in_the_comparison(
     # The comparison shares whole-series features between its methods; a baseline whose
     # strategy z-scores each site (fedavg_sitez) must still train on z-scored rows, fitted
     # on the training split, on the same split as the others.
-    from fedbn_med.protocol import _with_features, prepare_sites
+    from fedbn_med.evaluation.comparison import _with_features, prepare_sites
 
     sites = load_sites(["UCLA", "USM"])
     plain = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),

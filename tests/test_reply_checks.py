@@ -20,7 +20,7 @@ from fedbn_med.federation.server.checks import (
     score_names,
     train_reason,
 )
-from fedbn_med.rounds import (
+from fedbn_med.fl.rounds import (
     HISTORY_SHARE,
     OUTLIER_FACTOR,
     Reply,
@@ -30,7 +30,7 @@ from fedbn_med.rounds import (
     outlier_reason,
     update_norm,
 )
-from fedbn_med.strategies import FedAvg, FedBN
+from fedbn_med.fl.strategies import FedAvg, FedBN
 from fedbn_med.tasks import TASK_NAMES, get_task
 
 GLOBAL = {"w": torch.zeros(3, 2), "nbt": torch.tensor(4, dtype=torch.int64)}
@@ -128,7 +128,7 @@ def test_only_the_tasks_metrics_in_a_bounded_count():
 
 
 def test_every_tasks_metrics_have_a_range_and_are_what_its_trainer_names():
-    from fedbn_med.metrics import METRIC_NAMES
+    from fedbn_med.evaluation.metrics import METRIC_NAMES
     from fedbn_med.tasks.imaging.synth import TISSUE_CLASSES
 
     for name in TASK_NAMES:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedbn_med.rounds import Reply, close_round, outlier_reason, plan_round, update_norm
-from fedbn_med.strategies import FedAvg, FedBN, SingleSet
+from fedbn_med.fl.rounds import Reply, close_round, outlier_reason, plan_round, update_norm
+from fedbn_med.fl.strategies import FedAvg, FedBN, SingleSet
 
 GLOBAL = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
 

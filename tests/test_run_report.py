@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedbn_med.driver import History, run_in_process
+from fedbn_med.evaluation.comparison import best_round
+from fedbn_med.evaluation.metrics import METRIC_NAMES
+from fedbn_med.evaluation.report import metrics_at, run_result
+from fedbn_med.evaluation.stats import wilson_interval
 from fedbn_med.federation.server.checks import metrics_reason, score_names
-from fedbn_med.metrics import METRIC_NAMES
-from fedbn_med.protocol import best_round
-from fedbn_med.report import metrics_at, run_result
-from fedbn_med.stats import wilson_interval
-from fedbn_med.strategies import FedBN, SingleSet
+from fedbn_med.fl.strategies import FedBN, SingleSet
 from fedbn_med.tasks import get_task
 from fedbn_med.tasks.abide.model import AbideMLP
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.inprocess import History, run_in_process
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 
 def _row(rnd: int, site: str, val_loss: float, acc: float, **extra: float) -> dict:
@@ -183,8 +183,8 @@ def test_an_in_process_run_reports_its_selected_round() -> None:
 def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from fedbn_med.pipeline import run_tracked
     from fedbn_med.spec import RunSpec
+    from fedbn_med.training.tracked_run import run_tracked
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = RunSpec.for_task("abide", rounds=3, sites=("NYU", "UM"), data_dir=small_cohort,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedbn_med.driver import run_in_process
-from fedbn_med.partition import partition_model
-from fedbn_med.rounds import Reply, close_round, update_control
-from fedbn_med.scaffold import SiteControl, join_controls, split_controls
-from fedbn_med.strategies import FedAvg, FedBN, FedBNScaffold, Scaffold
+from fedbn_med.fl.partition import partition_model
+from fedbn_med.fl.rounds import Reply, close_round, update_control
+from fedbn_med.fl.scaffold import SiteControl, join_controls, split_controls
+from fedbn_med.fl.strategies import FedAvg, FedBN, FedBNScaffold, Scaffold
 from fedbn_med.tasks.abide.model import AbideMLP
-from fedbn_med.trainer import SiteTrainer
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.trainer import SiteTrainer
 
 from .test_driver import _site_data
 
@@ -95,7 +95,7 @@ def test_close_round_refuses_an_unsound_control_change():
 
 def test_variate_and_dp_spent_survive_a_restart(tmp_path):
     from fedbn_med.federation.client_app import SiteRuntime
-    from fedbn_med.privacy import UpdatePrivacy
+    from fedbn_med.fl.privacy import UpdatePrivacy
 
     def runtime() -> SiteRuntime:
         torch.manual_seed(0)

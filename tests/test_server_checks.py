@@ -7,7 +7,7 @@ import torch
 from flwr.app import RecordDict
 
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.rounds import check_reply
+from fedbn_med.fl.rounds import check_reply
 
 EXPECTED = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
 

@@ -20,13 +20,13 @@ from fedbn_med.federation.config import (
     run_config,
     seal_run_config,
 )
-from fedbn_med.privacy import PrivacyLedger, UpdatePrivacy, epsilon
+from fedbn_med.fl.privacy import PrivacyLedger, UpdatePrivacy, epsilon
+from fedbn_med.fl.strategies import get_strategy
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
-from fedbn_med.strategies import get_strategy
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.sites import load_site
 from fedbn_med.tasks.site_toml import DEFAULT_MAX_SCORES, site_policy
-from fedbn_med.trainer import SiteData, SiteTrainer
+from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 
 def _write(folder, text):

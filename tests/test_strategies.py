@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedbn_med.partition import partition_model
-from fedbn_med.strategies import (
+from fedbn_med.fl.partition import partition_model
+from fedbn_med.fl.strategies import (
     STRATEGIES,
     Centralized,
     FedAvg,

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedbn_med.tasks import get_task
-from fedbn_med.trainer import SiteTrainer
+from fedbn_med.training.trainer import SiteTrainer
 
 app = ClientApp()
 

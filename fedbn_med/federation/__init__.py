@@ -2,9 +2,10 @@
 
 - :mod:`.config`: what Flower carries for us (the run spec and server settings as one JSON
   value in the run config; a site's :class:`~.config.NodeSettings` in its node config).
-- :mod:`.client_app`: the ClientApp that wraps a site's :class:`~fedbn_med.trainer.SiteTrainer`.
+- :mod:`.client_app`: the ClientApp that wraps a site's
+  :class:`~fedbn_med.training.trainer.SiteTrainer`.
 - :mod:`.server_app` and :mod:`.server`: the ServerApp; site discovery, the rounds
-  (:mod:`fedbn_med.rounds`), checkpoints and results.
+  (:mod:`fedbn_med.fl.rounds`), checkpoints and results.
 - :mod:`.node`: a long-lived site node speaking Flower's Fleet API (one process per site).
 - :mod:`.launcher`: starts and stops a SuperLink, the site host, site nodes and runs on
   127.0.0.1, and reads their typed :mod:`.events` from pipes.

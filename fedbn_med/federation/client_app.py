@@ -21,7 +21,7 @@ back from the scores. A site therefore scores only models it can account for:
   :data:`MAX_LOSS`);
 - under client-level DP, not at all: the DP budget covers the updates, not the scores.
 
-Its DP spending is kept across federations (:class:`~fedbn_med.privacy.PrivacyLedger`,
+Its DP spending is kept across federations (:class:`~fedbn_med.fl.privacy.PrivacyLedger`,
 ``<state-dir>/<site>.dp_ledger.json``); a run, or a round, that would take it above the site
 file's ``dp_epsilon_max`` is refused.
 """
@@ -39,13 +39,13 @@ from flwr.clientapp import ClientApp
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
 from fedbn_med.federation.config import NodeSettings, read_site_config
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.partition import select
-from fedbn_med.privacy import PrivacyLedger
-from fedbn_med.rounds import plan_round
-from fedbn_med.scaffold import join_controls, split_controls
+from fedbn_med.fl.partition import select
+from fedbn_med.fl.privacy import PrivacyLedger
+from fedbn_med.fl.rounds import plan_round
+from fedbn_med.fl.scaffold import join_controls, split_controls
 from fedbn_med.tasks import get_task
 from fedbn_med.tasks.site_toml import SitePolicy, site_policy
-from fedbn_med.trainer import SiteTrainer
+from fedbn_med.training.trainer import SiteTrainer
 
 __all__ = ["MAX_LOSS", "SCORE_DECIMALS", "SiteRuntime", "app", "bounded"]
 

@@ -146,7 +146,7 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
     site's public key comes from the consortium's key list (``sites.json``) and is
     registered here, so the server knows which node is which site.
     """
-    from fedbn_med.consortium import read_site_keys
+    from fedbn_med.federation.consortium import read_site_keys
     from fedbn_med.federation.launcher import free_port
 
     options.workdir.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedbn_med.checkpoint import load_tensors, save_tensors
-from fedbn_med.partition import partition_model, select
-from fedbn_med.strategies import weighted_average
-from fedbn_med.trainer import ShapeMismatchError, SiteTrainer
+from fedbn_med.fl.partition import partition_model, select
+from fedbn_med.fl.strategies import weighted_average
+from fedbn_med.training.trainer import ShapeMismatchError, SiteTrainer
 
 __all__ = [
     "adapt_model",

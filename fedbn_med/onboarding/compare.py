@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fedbn_med.evaluation.comparison import format_interval
+from fedbn_med.fl.partition import partition_model, select
+from fedbn_med.fl.strategies import SingleSet
 from fedbn_med.onboarding.bn_adapt import (
     adapt_model,
     bn_affine_keys,
@@ -38,12 +41,9 @@ from fedbn_med.onboarding.weights import (
     check_site_fits,
     train_federation,
 )
-from fedbn_med.partition import partition_model, select
-from fedbn_med.protocol import format_interval
-from fedbn_med.strategies import SingleSet
 from fedbn_med.tasks.abide.build import build_model, prepare_site_data
 from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
-from fedbn_med.trainer import SiteData, SiteTrainer, derive_seed, resolve_device
+from fedbn_med.training.trainer import SiteData, SiteTrainer, derive_seed, resolve_device
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from fedbn_med.checkpoint import load_tensors
-from fedbn_med.driver import run_in_process
 from fedbn_med.onboarding.bn_adapt import average_bn_affine
 from fedbn_med.tasks.abide.build import build_trainer, prepare_site_data
 from fedbn_med.tasks.abide.sites import load_sites
-from fedbn_med.trainer import ShapeMismatchError, SiteData
+from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.training.trainer import ShapeMismatchError, SiteData
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
@@ -143,7 +143,7 @@ def check_site_fits(site: str, data_shape: Sequence[int], model_shape: Sequence[
 
     Raises
     ------
-    fedbn_med.trainer.ShapeMismatchError
+    fedbn_med.training.trainer.ShapeMismatchError
         A ``ValueError`` naming both shapes.
     """
     if tuple(data_shape) != tuple(model_shape):

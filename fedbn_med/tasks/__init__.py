@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-    from fedbn_med.trainer import SiteTrainer
+    from fedbn_med.training.trainer import SiteTrainer
 
 __all__ = ["TASK_NAMES", "Task", "get_task", "lazy", "register_task"]
 
@@ -66,7 +66,7 @@ class Task:
     build_pooled: Callable[[Mapping[str, SiteTrainer], Any], SiteTrainer] | None = None
     prepare: Callable[[Any], None] | None = None
     preload: tuple[str, ...] = ()
-    # fedbn_med.metrics.METRIC_NAMES (SiteTrainer.score), written out: no numpy here
+    # fedbn_med.evaluation.metrics.METRIC_NAMES (SiteTrainer.score), written out: no numpy here
     score_metrics: tuple[str, ...] = ("accuracy", "balanced_accuracy", "auc", "f1", "loss",
                                       "n", "positive_rate", "majority_rate")
 

@@ -24,7 +24,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from fedbn_med.privacy import SitePrivacy
+    from fedbn_med.fl.privacy import SitePrivacy
 
 __all__ = ["COMMON_KEYS", "DEFAULT_MAX_SCORES", "DP_KEYS", "SITE_NAME", "SitePolicy",
            "read_site_file", "share_private_layers", "site_path", "site_policy",
@@ -97,7 +97,7 @@ def site_privacy(raw: dict[str, object], path: Path) -> SitePrivacy | None:
     ``dp_noise`` is a floor on the noise multiplier and ``dp_delta`` a ceiling on delta
     that the server cannot lower or raise; ``dp_clip`` is the site's own clip norm.
     """
-    from fedbn_med.privacy import SitePrivacy, UpdatePrivacy
+    from fedbn_med.fl.privacy import SitePrivacy, UpdatePrivacy
 
     values: dict[str, float] = {}
     for key in sorted(DP_KEYS & set(raw)):
@@ -153,7 +153,7 @@ class SitePolicy:
     ----------
     epsilon_max : float or None
         The most client-level DP epsilon this site spends, over every federation it takes
-        part in (its ledger, :class:`fedbn_med.privacy.PrivacyLedger`). None: no ceiling.
+        part in (its ledger, :class:`fedbn_med.fl.privacy.PrivacyLedger`). None: no ceiling.
         With a ceiling, the site sends updates only under DP.
     max_scores : int
         The most evaluations (scores of a global model) it sends per federation run.

@@ -64,7 +64,7 @@ def _preload(tasks: Sequence[str]) -> None:
 
     import fedbn_med.federation.client_app
     import fedbn_med.federation.node
-    import fedbn_med.trainer  # noqa: F401
+    import fedbn_med.training.trainer  # noqa: F401
     from fedbn_med.tasks import get_task
 
     for name in tasks:

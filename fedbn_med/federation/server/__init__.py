@@ -2,7 +2,7 @@
 
 - :mod:`.grid`: sending messages and collecting replies at the right times;
 - :mod:`.discovery`: which site is behind which node, and a bounded wait for them;
-- :mod:`.rounds`: the rounds themselves (:mod:`fedbn_med.rounds` decides what a round
+- :mod:`.rounds`: the rounds themselves (:mod:`fedbn_med.fl.rounds` decides what a round
   is), checkpoints and resume;
 - :mod:`.results`: each round's metrics to MLflow, and the run's results at the end.
 """

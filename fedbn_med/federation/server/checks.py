@@ -1,6 +1,6 @@
 """Checks on what a site's message says besides its weights, before the server keeps any of it.
 
-A reply's weights and example count are checked by :mod:`fedbn_med.rounds`, for every
+A reply's weights and example count are checked by :mod:`fedbn_med.fl.rounds`, for every
 engine; this module checks what only the server takes from the network: the sections of
 a reply and the metric names and values that go to the checkpoint, ``progress.jsonl``
 and MLflow. A site may send only the metrics its task defines
@@ -34,7 +34,7 @@ SCORE_RANGES: dict[str, tuple[float, float, bool]] = {
     "accuracy": (0.0, 1.0, False), "balanced_accuracy": (0.0, 1.0, False),
     "auc": (0.0, 1.0, True), "f1": (0.0, 1.0, False), "dice": (0.0, 1.0, True),
     "loss": (0.0, MAX_LOSS, False),
-    # subjects scored (as fedbn_med.rounds.MAX_EXAMPLES bounds the training count), the
+    # subjects scored (as fedbn_med.fl.rounds.MAX_EXAMPLES bounds the training count), the
     # share predicted positive, and what predicting the training majority scores
     "n": (1.0, 1e9, False), "positive_rate": (0.0, 1.0, False),
     "majority_rate": (0.0, 1.0, False),
@@ -44,7 +44,7 @@ SCORE_RANGES: dict[str, tuple[float, float, bool]] = {
 WHOLE_SCORES = frozenset({"n"})
 
 #: What a train reply's ``metrics`` section may hold: name -> (low, high, whole number).
-#: ``num-examples`` is checked by :func:`fedbn_med.rounds.num_examples_reason`.
+#: ``num-examples`` is checked by :func:`fedbn_med.fl.rounds.num_examples_reason`.
 TRAIN_METRICS: dict[str, tuple[float, float, bool] | None] = {
     "num-examples": None,
     "train_loss": (0.0, MAX_LOSS, False),
@@ -57,7 +57,7 @@ _REQUIRED = ("num-examples", "train_loss")
 
 # A site's state hash is a SHA-256 in hex (fedbn_med.checkpoint.state_hash).
 _HASH = re.compile(r"[0-9a-f]{64}")
-# fedbn_med.metrics.METRIC_NAMES, written out so that the server's checks import no numpy
+# fedbn_med.evaluation.metrics.METRIC_NAMES, written out so that the server's checks import no numpy
 _DEFAULT_SCORES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss", "n", "positive_rate",
                    "majority_rate")
 

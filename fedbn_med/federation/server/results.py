@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING
 from flwr.app import MessageType
 
 from fedbn_med.checkpoint import save_tensors, write_text_atomic
+from fedbn_med.evaluation.report import convergence_plot, metrics_at, run_result
 from fedbn_med.federation.records import unpack
 from fedbn_med.federation.server.checks import evaluate_reason
-from fedbn_med.report import convergence_plot, metrics_at, run_result
-from fedbn_med.scaffold import join_controls
+from fedbn_med.fl.scaffold import join_controls
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     import torch
 
-    from fedbn_med.background import SerialWorker
     from fedbn_med.federation.config import ServerSettings
+    from fedbn_med.federation.server.background import SerialWorker
     from fedbn_med.federation.server.grid import FastGrid
-    from fedbn_med.partition import Partition
+    from fedbn_med.fl.partition import Partition
+    from fedbn_med.fl.strategies import Strategy
     from fedbn_med.spec import RunSpec
-    from fedbn_med.strategies import Strategy
     from fedbn_med.tracking import FederationTracker
 
 __all__ = ["RunResults", "warm_up_tracking"]

@@ -3,7 +3,7 @@
 The loop is ours rather than Flower's ``FedAvg.start`` because FedBN needs what that
 loop does not give: the site behind each node, a bounded wait for sites, and a checkpoint
 after every round. The round itself (its plan, the checks on every reply, the average)
-is :mod:`fedbn_med.rounds`, the same pure functions the in-process driver calls.
+is :mod:`fedbn_med.fl.rounds`, the same pure functions the in-process driver calls.
 
 To keep a round's overhead small, one message per site per round does both jobs: it
 carries the new global weights, the site first scores them (the previous round's
@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING
 
 from flwr.app import Message, MessageType
 
-from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, write_text_atomic
 from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.server.background import SerialWorker
 from fedbn_med.federation.server.checks import score_names, train_reason
 from fedbn_med.federation.server.discovery import SiteDiscovery
 from fedbn_med.federation.server.results import RunResults, warm_up_tracking
-from fedbn_med.partition import partition_model
-from fedbn_med.rounds import Reply, close_round, plan_round
-from fedbn_med.scaffold import join_controls, split_controls, zero_controls
+from fedbn_med.fl.partition import partition_model
+from fedbn_med.fl.rounds import Reply, close_round, plan_round
+from fedbn_med.fl.scaffold import join_controls, split_controls, zero_controls
 from fedbn_med.tasks import get_task
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from fedbn_med.federation.config import ServerSettings
     from fedbn_med.federation.server.grid import FastGrid
-    from fedbn_med.partition import Partition
+    from fedbn_med.fl.partition import Partition
     from fedbn_med.spec import RunSpec
     from fedbn_med.tracking import FederationTracker
 
@@ -50,7 +50,7 @@ logger = logging.getLogger("fedbn_med.server")
 
 #: With a consortium's key list (hospital mode), the largest share of the average one
 #: site may have under ``weighting="samples"``, whatever count it claims: a site cannot
-#: outweigh all the others together (:func:`fedbn_med.rounds.capped_weights`).
+#: outweigh all the others together (:func:`fedbn_med.fl.rounds.capped_weights`).
 HOSPITAL_MAX_SHARE = 0.5
 
 

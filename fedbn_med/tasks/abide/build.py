@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the data and training stack loads only where a site trains
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.data import SiteFeatures
     from fedbn_med.tasks.abide.splits import Split
-    from fedbn_med.trainer import SiteData, SiteTrainer
+    from fedbn_med.training.trainer import SiteData, SiteTrainer
 
 #: One split's rows: features, labels, subject index per row, mean FD per row.
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -93,7 +93,7 @@ def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
     one per window with ``windows`` set (``subject`` then says whose window a row is).
     The FD regression is fitted on the training rows only.
     """
-    from fedbn_med.harmonize import MotionRegressor
+    from fedbn_med.tasks.abide.harmonize import MotionRegressor
 
     data_dir, feats, split = _load_split(site, config)
     settings = config.settings
@@ -119,7 +119,7 @@ def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
 
 def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dict[str, Rows]:
     """Apply the run's harmonisation, fitted on training rows only."""
-    from fedbn_med.harmonize import ComBat, SiteStandardizer
+    from fedbn_med.tasks.abide.harmonize import ComBat, SiteStandardizer
 
     method = feature_transform(config)
     if method == "none":
@@ -141,7 +141,7 @@ def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
     :class:`~fedbn_med.tasks.abide.settings.Settings`) the rows go through
     :func:`site_rows` and the harmonisation, each fitted on the training rows only.
     """
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.training.trainer import SiteData
 
     settings = config.settings
     if settings.windows or settings.fd_regression or feature_transform(config) != "none":
@@ -178,8 +178,8 @@ def build_trainer(
     device: str | None = None,
 ) -> SiteTrainer:
     """Build the trainer of one site for this run."""
-    from fedbn_med.privacy import resolve_privacy
-    from fedbn_med.trainer import SiteTrainer
+    from fedbn_med.fl.privacy import resolve_privacy
+    from fedbn_med.training.trainer import SiteTrainer
 
     # The site's own file may demand more noise than the run: checked before any data load.
     privacy = resolve_privacy(config.privacy(), site.privacy, site.name)
@@ -198,7 +198,7 @@ def build_trainer(
 
 def pooled_data(datas: Sequence[SiteData]) -> SiteData:
     """Concatenate every site's training data (validation/test stay per site)."""
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.training.trainer import SiteData
 
     xs = torch.cat([d.train[0] for d in datas])
     ys = torch.cat([d.train[1] for d in datas])
@@ -221,7 +221,7 @@ def build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideML
 
 def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTrainer:
     """Return one trainer over every site's training data (the Centralized baseline)."""
-    from fedbn_med.trainer import SiteTrainer
+    from fedbn_med.training.trainer import SiteTrainer
 
     datas = [t.data for t in trainers.values()]
     return SiteTrainer(

@@ -14,7 +14,7 @@ class AbideMLP(nn.Module):
     Each hidden linear layer is followed by a MONAI :class:`~monai.networks.blocks.ADN`
     block with ``norm="batch"`` (BatchNorm1d, then ReLU, then dropout), as in the FedBN
     paper's ABIDE experiment. These BN layers are what FedBN keeps at each site; they are
-    found by type (:mod:`fedbn_med.partition`), so their names (``net.1.N``, ``net.3.N``)
+    found by type (:mod:`fedbn_med.fl.partition`), so their names (``net.1.N``, ``net.3.N``)
     do not matter.
 
     Parameters

@@ -1,7 +1,7 @@
 """The ABIDE task's objective: cross-entropy to train, binary classification metrics to score.
 
 The network outputs two logits per subject (control, ASD); the positive class is ASD
-(label 1). These are the loss and the scores :class:`fedbn_med.trainer.SiteTrainer`
+(label 1). These are the loss and the scores :class:`fedbn_med.training.trainer.SiteTrainer`
 computes, written once so that a trainer can take them from the task.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
-from fedbn_med.metrics import METRIC_NAMES, classification_metrics
+from fedbn_med.evaluation.metrics import METRIC_NAMES, classification_metrics
 
 __all__ = ["METRIC_NAMES", "loss", "positive_probability", "score"]
 
@@ -52,7 +52,7 @@ def score(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     -------
     dict of str to float
         ``accuracy``, ``balanced_accuracy``, ``auc``, ``f1`` and ``loss`` (see
-        :func:`fedbn_med.metrics.classification_metrics`).
+        :func:`fedbn_med.evaluation.metrics.classification_metrics`).
     """
     with torch.no_grad():
         value = float(loss(logits, labels))

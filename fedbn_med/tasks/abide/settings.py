@@ -38,13 +38,13 @@ COMPARE = ("singleset", "fedavg", "fedprox", "fedbn", "silobn", "fedavg_localbn"
            "fedavg_sitez", "fedavg_combat", "centralized")
 
 #: The feature harmonisations (``Settings.harmonize``), each fitted on training rows only
-#: (:mod:`fedbn_med.harmonize`): none, per-site z-scores, ComBat.
+#: (:mod:`fedbn_med.tasks.abide.harmonize`): none, per-site z-scores, ComBat.
 HARMONIZERS = ("none", "site_z", "combat")
 
 #: The transforms a strategy may ask of this task (``Strategy.features``).
 FEATURE_TRANSFORMS = HARMONIZERS[1:]
 
-#: Local optimisers (the same names as :data:`fedbn_med.trainer.OPTIMISERS`; this module
+#: Local optimisers (the same names as :data:`fedbn_med.training.trainer.OPTIMISERS`; this module
 #: stays free of torch).
 OPTIMIZERS = ("sgd", "adam")
 
@@ -65,7 +65,7 @@ class Settings:
         Feature harmonisation fitted on each run's training rows: ``"none"``,
         ``"site_z"`` (each site z-scores every feature with its own training mean and
         standard deviation) or ``"combat"`` (ComBat fitted on every site's training rows;
-        not federated, see :class:`fedbn_med.harmonize.ComBat`).
+        not federated, see :class:`fedbn_med.tasks.abide.harmonize.ComBat`).
     fd_regression : bool
         Regress each feature on mean framewise displacement within the site's training
         rows and remove that effect from every row (before ``harmonize``).

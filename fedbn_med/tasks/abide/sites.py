@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fedbn_med.privacy import SitePrivacy
+from fedbn_med.fl.privacy import SitePrivacy
 from fedbn_med.tasks.site_toml import (
     DP_KEYS,
     SITE_NAME,

@@ -12,7 +12,7 @@ per window. :class:`SlidingWindowConnectivity` is that step as a MONAI
 :class:`~fedbn_med.tasks.abide.data.SiteFeatures`, reading their series with the
 package's own reader, and returns one row per window with the subject each row
 belongs to; at test time a subject is scored by the mean of its windows' probabilities
-(:class:`fedbn_med.trainer.SiteData` ``*_groups``).
+(:class:`fedbn_med.training.trainer.SiteData` ``*_groups``).
 """
 
 from __future__ import annotations

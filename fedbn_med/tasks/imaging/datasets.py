@@ -27,7 +27,7 @@ from torch.utils.data import ConcatDataset
 
 from fedbn_med.tasks.imaging.readers import SPLIT_KEYS, decode_items, load_datalist
 from fedbn_med.tasks.imaging.site_files import ImagingSite
-from fedbn_med.trainer import derive_seed
+from fedbn_med.training.trainer import derive_seed
 
 __all__ = ["ImageSiteData", "cross_validation_split", "make_dataset", "site_data",
            "site_split"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedbn_med.privacy import SitePrivacy, UpdatePrivacy, resolve_privacy
+from fedbn_med.fl.privacy import SitePrivacy, UpdatePrivacy, resolve_privacy
 from fedbn_med.tasks.site_toml import (
     DP_KEYS,
     read_site_file,

@@ -40,7 +40,7 @@ from monai.transforms import (
 
 from fedbn_med.paths import resolve_data_dir
 from fedbn_med.tasks.imaging import dicom_io
-from fedbn_med.trainer import derive_seed
+from fedbn_med.training.trainer import derive_seed
 
 __all__ = [
     "MRI_SCANNERS",

@@ -20,10 +20,10 @@ from monai.data import DataLoader, Dataset, list_data_collate
 from torch import nn
 from torch.utils.data import ConcatDataset
 
-from fedbn_med.privacy import UpdatePrivacy
-from fedbn_med.strategies import Strategy
+from fedbn_med.fl.privacy import UpdatePrivacy
+from fedbn_med.fl.strategies import Strategy
 from fedbn_med.tasks.imaging.datasets import ImageSiteData
-from fedbn_med.trainer import SiteTrainer, derive_seed
+from fedbn_med.training.trainer import SiteTrainer, derive_seed
 
 __all__ = ["ImageTrainer", "pooled_trainer"]
 

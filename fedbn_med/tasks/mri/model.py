@@ -1,7 +1,7 @@
 """The MRI task's network: MONAI ``UNet(norm="batch")``, 3D (patches) or 2D (slices).
 
 Under FedBN the UNet's batch-norm layers (``BatchNorm3d`` or ``BatchNorm2d``, named
-``*.adn.N``) stay at their scanner's site; :mod:`fedbn_med.partition` finds them by type.
+``*.adn.N``) stay at their scanner's site; :mod:`fedbn_med.fl.partition` finds them by type.
 """
 
 from __future__ import annotations

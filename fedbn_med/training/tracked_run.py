@@ -38,9 +38,9 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     """
     from tqdm.auto import tqdm
 
-    from fedbn_med.driver import run_spec
     from fedbn_med.tasks import get_task
     from fedbn_med.tracking import FederationTracker
+    from fedbn_med.training.inprocess import run_spec
 
     task = get_task(spec.task)
     tracker = FederationTracker(task.experiment, spec.label,

@@ -17,7 +17,7 @@ fitted on each site's training split of the same cell: the majority class, and a
 logistic regression on mean head motion (FD) alone (:func:`reference_cells`).
 
 Intervals account for what the cells share: the corrected resampled t
-(:func:`fedbn_med.stats.corrected_t_interval`, Nadeau-Bengio / Bouckaert-Frank) over
+(:func:`fedbn_med.evaluation.stats.corrected_t_interval`, Nadeau-Bengio / Bouckaert-Frank) over
 the cells, with the naive t beside it for the paired differences. The runs of
 :func:`run_cell` also keep each subject's test prediction at the selected round; pooled
 over the folds and averaged over the repetitions, these give one out-of-fold prediction
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedbn_med.stats import (
+from fedbn_med.evaluation.stats import (
     bootstrap_repeated_difference,
     corrected_t_interval,
     delong,
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
     from fedbn_med.tasks.abide.splits import Split
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.training.trainer import SiteData
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "Cell", "Comparison", "PreparedSite",
@@ -505,7 +505,7 @@ def format_interval(values: Sequence[float], **options: object) -> str:
 
 # -- reference rows ----------------------------------------------------------------------
 def _scored_rows(site: str, labels: np.ndarray, prob: np.ndarray) -> dict[str, object]:
-    from fedbn_med.metrics import classification_metrics
+    from fedbn_med.evaluation.metrics import classification_metrics
 
     eps = 1e-7
     p = np.clip(prob, eps, 1 - eps)
@@ -591,7 +591,7 @@ def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.sites import load_sites
     from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
-    from fedbn_med.trainer import SiteData
+    from fedbn_med.training.trainer import SiteData
 
     sites = sites or load_sites(list(spec.sites))
     out = {}
@@ -679,9 +679,9 @@ def run_cell(spec: RunSpec, label: str | None = None,
     sites : mapping of site name to SiteConfig, optional
         Loaded from ``sites/`` when omitted.
     """
-    from fedbn_med.driver import run_in_process
     from fedbn_med.tasks.abide.build import build_pooled, build_trainer
     from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.training.inprocess import run_in_process
 
     sites = sites or load_sites(list(spec.sites))
     prepared = _with_features(spec, prepared or prepare_sites(spec, sites), sites)

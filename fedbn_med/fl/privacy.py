@@ -154,7 +154,7 @@ class UpdatePrivacy:
     delta : float
         The delta of the reported (epsilon, delta).
     seeded : bool
-        Draw the noise from the run's seed (:func:`fedbn_med.dp_terms.noise_generator`)
+        Draw the noise from the run's seed (:func:`fedbn_med.fl.dp_terms.noise_generator`)
         for experiments that must repeat: NOT private, and labelled so wherever the
         epsilon is shown.
     """
@@ -195,7 +195,7 @@ class UpdatePrivacy:
                 f"{who}: the RDP accountant gives epsilon = {eps} for dp_noise = "
                 f"{self.noise:g} over {rounds} rounds at dp_delta = {self.delta:g}; raise "
                 "--dp-noise or lower --rounds.")
-        from fedbn_med.dp_terms import replace_one_epsilon, warn_if_large
+        from fedbn_med.fl.dp_terms import replace_one_epsilon, warn_if_large
 
         warn_if_large(eps, who, seeded=self.seeded, replace_one=replace_one_epsilon(
             [(self.noise, SAMPLE_RATE, rounds)], self.delta) if eps > 10 else None)

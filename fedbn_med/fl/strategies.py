@@ -27,7 +27,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from fedbn_med.partition import Partition
+from fedbn_med.fl.partition import Partition
 
 __all__ = [
     "STRATEGIES",
@@ -161,7 +161,7 @@ class SiloBN(FedAvg):
 
     SiloBN (Andreux et al., 2020): between FedAvg, which averages every BN tensor, and
     FedBN, which keeps every BN tensor home. Which keys are statistics is decided by
-    :func:`fedbn_med.partition.partition_model` (BN layers found by type).
+    :func:`fedbn_med.fl.partition.partition_model` (BN layers found by type).
     """
 
     name: ClassVar[str] = "silobn"

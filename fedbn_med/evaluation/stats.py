@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedbn_med.metrics import roc_auc
+from fedbn_med.evaluation.metrics import roc_auc
 
 __all__ = [
     "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",

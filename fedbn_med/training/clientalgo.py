@@ -2,7 +2,7 @@
 
 MONAI's :class:`monai.fl.client.ClientAlgo` exchanges :class:`ExchangeObject` values:
 ``train(data) -> None``, ``get_weights() -> ExchangeObject``, ``evaluate(data) ->
-ExchangeObject``. :class:`FedBNClientAlgo` adapts a :class:`~fedbn_med.trainer.SiteTrainer`
+ExchangeObject``. :class:`FedBNClientAlgo` adapts a :class:`~fedbn_med.training.trainer.SiteTrainer`
 to exactly that, and applies the site's privacy rule as its post-weight filter: whatever
 asks, :meth:`FedBNClientAlgo.get_weights` returns only the keys the strategy exchanges
 (under FedBN never a normalisation-layer tensor), and :meth:`FedBNClientAlgo.train`
@@ -18,8 +18,8 @@ from monai.fl.client import ClientAlgo
 from monai.fl.utils.constants import ExtraItems, WeightType
 from monai.fl.utils.exchange_object import ExchangeObject
 
-from fedbn_med.partition import select
-from fedbn_med.trainer import SiteTrainer
+from fedbn_med.fl.partition import select
+from fedbn_med.training.trainer import SiteTrainer
 
 __all__ = ["FedBNClientAlgo"]
 

@@ -3,7 +3,7 @@
 SCAFFOLD (Karimireddy et al., ICML 2020) corrects each local step by ``c - c_i``, the
 server's control variate minus the site's, so that a site drifts less towards its own
 optimum. The variates cover the exchanged trainable parameters only
-(:meth:`fedbn_med.strategies.Strategy.controlled_keys`): under FedBN+SCAFFOLD the BN
+(:meth:`fedbn_med.fl.strategies.Strategy.controlled_keys`): under FedBN+SCAFFOLD the BN
 layers stay home and have none. After ``K`` local steps of learning rate ``lr`` a site
 updates its variate with the paper's option II,
 
@@ -12,7 +12,7 @@ updates its variate with the paper's option II,
 where ``x`` is the global model received and ``y`` the model the site sends (after
 clipping and noise when client-level DP is on, so the variate is post-processing of
 what was released and costs no privacy). The site sends ``c_i+ - c_i``; the server's
-update of ``c`` is :func:`fedbn_med.rounds.update_control`.
+update of ``c`` is :func:`fedbn_med.fl.rounds.update_control`.
 
 A site's variate is site state, saved with its BN layers after every round.
 """

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fedbn_med.rounds import Reply, close_round, plan_round
-from fedbn_med.scaffold import zero_controls
-from fedbn_med.strategies import Strategy
-from fedbn_med.trainer import SiteTrainer
+from fedbn_med.fl.rounds import Reply, close_round, plan_round
+from fedbn_med.fl.scaffold import zero_controls
+from fedbn_med.fl.strategies import Strategy
+from fedbn_med.training.trainer import SiteTrainer
 
 if TYPE_CHECKING:
-    from fedbn_med.report import RunResult
+    from fedbn_med.evaluation.report import RunResult
     from fedbn_med.spec import RunSpec
 
 __all__ = ["History", "run_in_process", "run_spec"]
@@ -51,17 +51,17 @@ class History:
 
     def final(self) -> dict[str, dict[str, float]]:
         """Return each site's metrics at the last round."""
-        from fedbn_med.report import metrics_at
+        from fedbn_med.evaluation.report import metrics_at
 
         return metrics_at(self.rows, self.rounds)
 
     def best_round(self) -> int:
         """Return the run's selected round: the lowest mean validation loss over the sites.
 
-        The comparison protocol's rule (:func:`fedbn_med.protocol.best_round`): the
+        The comparison protocol's rule (:func:`fedbn_med.evaluation.comparison.best_round`): the
         earliest such round; without validation scores, the last round.
         """
-        from fedbn_med.protocol import best_round
+        from fedbn_med.evaluation.comparison import best_round
 
         return best_round(self.rows)
 
@@ -69,13 +69,13 @@ class History:
         """Return each site's metrics at the selected round (:meth:`best_round`).
 
         This is the run's result; a DP site's epsilon is the whole run's, as in
-        :func:`fedbn_med.report.run_result`.
+        :func:`fedbn_med.evaluation.report.run_result`.
         """
         return self.result().selected
 
     def result(self) -> RunResult:
         """Return the run's result: the selected round, the last round and their table."""
-        from fedbn_med.report import run_result
+        from fedbn_med.evaluation.report import run_result
 
         return run_result(self.rows, weights_round=self.rounds if self.global_weights else None)
 
@@ -96,8 +96,8 @@ def run_in_process(
 ) -> History:
     """Run ``rounds`` federated rounds over the given site trainers.
 
-    Each round is the one :mod:`fedbn_med.rounds` defines: every site loads the global
-    exchanged weights and trains locally; :func:`fedbn_med.rounds.close_round` checks the
+    Each round is the one :mod:`fedbn_med.fl.rounds` defines: every site loads the global
+    exchanged weights and trains locally; :func:`fedbn_med.fl.rounds.close_round` checks the
     replies and averages the sound ones (by training examples, or equally); every site
     then evaluates the new global weights with its own private layers.
 
@@ -119,7 +119,7 @@ def run_in_process(
     evaluate : bool
         Score every site after every round (off: training only, e.g. to get weights).
     weighting : str
-        ``"samples"`` or ``"equal"``: how :func:`~fedbn_med.rounds.close_round` weighs
+        ``"samples"`` or ``"equal"``: how :func:`~fedbn_med.fl.rounds.close_round` weighs
         the sites' updates.
     """
     if rounds < 1:

@@ -24,15 +24,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedbn_med.argtypes import positive_int
+from fedbn_med.cli.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
-from fedbn_med.rounds import WEIGHTINGS
+from fedbn_med.fl.rounds import WEIGHTINGS
+from fedbn_med.fl.strategies import STRATEGIES
 from fedbn_med.spec import BN_INITS, TASK_NAMES, RunSpec, settings_module, task_defaults
-from fedbn_med.strategies import STRATEGIES
 from fedbn_med.tasks.site_toml import SITE_NAME
 
 if TYPE_CHECKING:
-    from fedbn_med.protocol import Comparison
+    from fedbn_med.evaluation.comparison import Comparison
 
 __all__ = ["build_parser", "main"]
 
@@ -310,7 +310,7 @@ def _workdir(args: argparse.Namespace) -> Path:
 def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
              workdir: Path) -> list[dict]:
     from fedbn_med.federation.run import FlowerOptions, run_flower
-    from fedbn_med.pipeline import run_tracked
+    from fedbn_med.training.tracked_run import run_tracked
 
     local = [s for s in specs if s.strategy_obj().pooled or args.engine == "inprocess"]
     federated = [s for s in specs if s not in local]
@@ -343,7 +343,7 @@ def _print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str
 
 
 def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
-    from fedbn_med.protocol import METRICS, Cell, Comparison
+    from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
 
     # the task's scores (MRI: Dice), else the protocol's (balanced accuracy, AUC, ...)
     metrics = tuple(getattr(settings_module(specs[0].task), "METRICS", METRICS))
@@ -353,7 +353,7 @@ def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
         comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
                                       metrics=metrics))
     if specs[0].task == "abide":  # the majority-class and motion-only rows
-        from fedbn_med.protocol import add_reference_rows
+        from fedbn_med.evaluation.comparison import add_reference_rows
 
         add_reference_rows(comparison, specs[0], dict.fromkeys((s.fold, s.seed)
                                                                for s in specs))
@@ -362,7 +362,7 @@ def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
 
 def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: str) -> str:
     """Log the comparison's tables and figures as one MLflow run; return its id."""
-    from fedbn_med.report import csv_text
+    from fedbn_med.evaluation.report import csv_text
     from fedbn_med.tasks import get_task
     from fedbn_med.tracking import FederationTracker
 

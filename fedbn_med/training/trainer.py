@@ -3,8 +3,9 @@
 :class:`SiteTrainer` holds a site's model, data, optimiser settings and private state.
 Its two round operations, :meth:`SiteTrainer.fit` and :meth:`SiteTrainer.score`, are what
 every engine calls (the in-process driver, the Flower ClientApp). Engines that speak
-MONAI's ``ClientAlgo`` get the same object through :class:`fedbn_med.clientalgo.FedBNClientAlgo`,
-which honours that contract. It knows nothing of Flower or MLflow.
+MONAI's ``ClientAlgo`` get the same object through
+:class:`fedbn_med.training.clientalgo.FedBNClientAlgo`, which honours that contract. It knows
+nothing of Flower or MLflow.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedbn_med.metrics import classification_metrics
-from fedbn_med.partition import bn_layers, partition_model, select
-from fedbn_med.privacy import UpdatePrivacy
-from fedbn_med.scaffold import CONTROL_PREFIX, SiteControl, split_controls
+from fedbn_med.evaluation.metrics import classification_metrics
+from fedbn_med.fl.partition import bn_layers, partition_model, select
+from fedbn_med.fl.privacy import UpdatePrivacy
+from fedbn_med.fl.scaffold import CONTROL_PREFIX, SiteControl, split_controls
+from fedbn_med.fl.strategies import Strategy
 from fedbn_med.spec import BN_INITS
-from fedbn_med.strategies import Strategy
 
 __all__ = ["OPTIMISERS", "ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed",
            "estimate_bn_statistics", "resolve_device"]
@@ -71,7 +72,7 @@ def estimate_bn_statistics(model: nn.Module, batches: Iterable[torch.Tensor],
                            only_bn: bool = False) -> bool:
     """Set every BN layer's running mean and variance from one pass over ``batches``.
 
-    The layers (found by type, :func:`fedbn_med.partition.bn_layers`) are reset and see
+    The layers (found by type, :func:`fedbn_med.fl.partition.bn_layers`) are reset and see
     the batches with a cumulative average (``momentum=None``), in training mode; their
     momentum and the model's mode are restored afterwards. Batches of one example are
     skipped (batch norm cannot use them).
@@ -178,7 +179,7 @@ class SiteTrainer:
         ``"auto"`` (CUDA when present), ``"cpu"`` or ``"cuda:N"``.
     privacy : UpdatePrivacy, optional
         Client-level DP: every update this site sends is clipped and noised
-        (:mod:`fedbn_med.privacy`), and each reply reports the epsilon spent so far.
+        (:mod:`fedbn_med.fl.privacy`), and each reply reports the epsilon spent so far.
     optimiser : {"sgd", "adam"}
         The local optimiser. Adam's moments live at the site across rounds (they are
         not part of the site state a restart restores).
@@ -186,7 +187,7 @@ class SiteTrainer:
         L2 penalty added to the gradients (``torch.optim.Adam``'s ``weight_decay``).
 
     Under a strategy with control variates (SCAFFOLD) the site keeps its own variate
-    (``control``, a :class:`~fedbn_med.scaffold.SiteControl`) over the exchanged
+    (``control``, a :class:`~fedbn_med.fl.scaffold.SiteControl`) over the exchanged
     parameters; :meth:`fit` takes the server's variate and leaves the change of the
     site's in ``control_delta``.
     """
@@ -518,7 +519,7 @@ class SiteTrainer:
         sent = self.shared_weights()
         metrics = {"train_loss": train_loss}
         if self.privacy is not None:
-            from fedbn_med.dp_terms import noise_generator, replace_one_epsilon
+            from fedbn_med.fl.dp_terms import noise_generator, replace_one_epsilon
 
             sent = self.privacy.privatize(sent, self._start, noise_generator(
                 self.privacy, self.seed, self.site, rnd))
@@ -542,7 +543,7 @@ class SiteTrainer:
             self.dp_history.append((self.privacy.noise, 1.0, 1))
 
     def _spent(self) -> float:
-        from fedbn_med.privacy import epsilon
+        from fedbn_med.fl.privacy import epsilon
 
         assert self.privacy is not None
         return epsilon(0.0, 0, self.privacy.delta, self.dp_history)
@@ -617,7 +618,7 @@ class SiteTrainer:
         """Load the given global weights and score the validation and test splits.
 
         Returns ``{"val_accuracy": ..., "val_auc": ..., "test_accuracy": ..., ...}``: the
-        names of :data:`fedbn_med.metrics.METRIC_NAMES` on each split, among them
+        names of :data:`fedbn_med.evaluation.metrics.METRIC_NAMES` on each split, among them
         ``test_n`` (subjects), ``test_positive_rate`` (share predicted positive) and
         ``test_majority_rate`` (what predicting the training majority scores).
         """

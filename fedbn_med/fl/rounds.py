@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedbn_med.strategies import Strategy, weighted_average
+from fedbn_med.fl.strategies import Strategy, weighted_average
 
 __all__ = [
     "HISTORY_SHARE",

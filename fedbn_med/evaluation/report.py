@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedbn_med.protocol import best_round, format_interval
+from fedbn_med.evaluation.comparison import best_round, format_interval
 
 __all__ = ["RunResult", "convergence_plot", "metrics_at", "paper_table", "paper_table_csv",
            "result_columns", "run_result", "site_table"]
@@ -29,7 +29,7 @@ _EPSILONS = ("dp_epsilon", "dp_epsilon_replace_one")
 
 
 def _epsilon_label(col: str, final: Mapping[str, Mapping[str, float]]) -> str:
-    from fedbn_med.dp_terms import EPSILON_WARNING, NOT_PRIVATE
+    from fedbn_med.fl.dp_terms import EPSILON_WARNING, NOT_PRIVATE
 
     name = "epsilon add/remove" if col == "dp_epsilon" else "epsilon replace-one"
     values = [float(m[col]) for m in final.values() if col in m]
@@ -65,7 +65,7 @@ def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
 
 
 def _wilson_cell(metrics: Mapping[str, float], value: float) -> str:
-    from fedbn_med.stats import wilson_interval
+    from fedbn_med.evaluation.stats import wilson_interval
 
     n = metrics.get("test_n", math.nan)
     if math.isnan(value) or not (math.isfinite(n) and n >= 1):
@@ -146,7 +146,7 @@ class RunResult:
     ----------
     selected_round : int
         The round with the lowest mean validation loss over the sites
-        (:func:`fedbn_med.protocol.best_round`, the comparison protocol's rule): the
+        (:func:`fedbn_med.evaluation.comparison.best_round`, the comparison protocol's rule): the
         run's result is that round's model. No test split takes part in choosing it.
     last_round : int
         The run's last round.
@@ -180,7 +180,7 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
     Parameters
     ----------
     rows : sequence of mapping
-        One row per (round, site), as :class:`fedbn_med.driver.History` holds them.
+        One row per (round, site), as :class:`fedbn_med.training.inprocess.History` holds them.
     sites : sequence of str, optional
         Table order (default: as found in the rows).
     weights_round : int, optional

@@ -1,0 +1,1 @@
+"""Judging runs: metrics, honest intervals, the comparison protocol, and tables."""

@@ -1,0 +1,1 @@
+"""One site's training (the trainer) and the in-process engine that drives a federation."""

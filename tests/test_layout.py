@@ -1,0 +1,178 @@
+"""The package's shape: no import cycle, a small top level, no module over 400 lines.
+
+The scan reads the source with :mod:`ast`; nothing is imported. An edge ``a -> b`` is an
+import of ``b`` executed when ``a`` is first imported: a statement at module level
+(inside ``try`` or ``if`` too, but not under ``if TYPE_CHECKING:``), and the packages
+that importing ``b`` imports first. Imports inside functions run later and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fedbn_med"
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                found += _module_level_imports(node.body)
+            found += _module_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                found += _module_level_imports(block)
+    return found
+
+
+def _with_parents(name: str, known: dict[str, Path]) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in known]
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    known = modules(package)
+    root = package.name
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _module_level_imports(ast.parse(path.read_text(), str(path)).body):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            ancestors = set(_with_parents(name, known)) - {name}
+            for target in targets:
+                if target.split(".")[0] != root:
+                    continue
+                # The importer's own packages are initialised (or being initialised) before
+                # it runs: passing through them on the way to a sibling is not a cycle.
+                graph[name].update(m for m in _with_parents(target, known)
+                                   if m != name and m not in ancestors)
+            if isinstance(node, ast.ImportFrom) and base in ancestors:
+                # Asking one of its own packages for a name that package defines is.
+                if any(f"{base}.{alias.name}" not in known for alias in node.names):
+                    graph[name].add(base)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_scan_finds_a_cycle_when_there_is_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_scan_tells_a_package_cycle_from_a_sibling_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub.a import A\n")
+    (package / "sub" / "a.py").write_text("from pkg.sub.b import B\nA = B\n")
+    (package / "sub" / "b.py").write_text("from .. import core\nB = 1\n")
+    (package / "core.py").write_text("import os\n")
+    assert cycles(import_graph(package)) == []
+    assert import_graph(package)["pkg.sub.b"] == {"pkg.core"}
+    # b now asks its own package for a name the package defines: a real cycle.
+    (package / "sub" / "b.py").write_text("from pkg.sub import A\nB = 1\n")
+    assert cycles(import_graph(package)) == [["pkg.sub", "pkg.sub.a", "pkg.sub.b"]]
+
+
+def test_the_scan_reads_this_package() -> None:
+    graph = import_graph()
+    assert "fedbn_med.fl.partition" in graph["fedbn_med.training.trainer"]
+    assert "fedbn_med.spec" in graph
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_top_level_holds_at_most_six_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 6, f"modules at the top of fedbn_med/: {top}"
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: module_name(p))
+def test_no_module_over_400_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= 400, f"{path.relative_to(PACKAGE.parent)} has {lines} lines (at most 400)"
+
+
+def test_the_core_imports_no_task_engine_or_tracker() -> None:
+    graph = import_graph()
+    core = [name for name in graph if name.startswith("fedbn_med.fl")]
+    outside = ("fedbn_med.tasks", "fedbn_med.federation", "fedbn_med.tracking",
+               "fedbn_med.training", "fedbn_med.cli", "fedbn_med.onboarding")
+    reached = {name: sorted(t for t in graph[name] if t.startswith(outside)) for name in core}
+    assert not any(reached.values()), reached
