@@ -121,7 +121,8 @@ def try_read(path: Path) -> tuple[str, str]:
 
 def _series_of(path: Path) -> list[tuple[str, int]]:
     """Return (SeriesInstanceUID, files) of each series a DICOMDIR lists; [] if unreadable."""
-    from fedbn_med.tasks.imaging.dicom_read import ImageReadError, find_series
+    from fedbn_med.tasks.imaging.dicom_read import ImageReadError
+    from fedbn_med.tasks.imaging.dicom_series import find_series
 
     try:
         with warnings.catch_warnings():

@@ -15,10 +15,9 @@ import pydicom.config
 import pytest
 
 from fedbn_med.tasks.imaging import dicom_io
+from fedbn_med.tasks.imaging.datalist import decode_items, load_datalist
 from fedbn_med.tasks.imaging.readers import (
     ImageReadError,
-    decode_items,
-    load_datalist,
     read_dicom_file,
     read_dicom_series,
     read_image,
@@ -107,11 +106,11 @@ def test_bad_files_are_skipped_with_one_line_each(site: Path,
     items = [{"image": str(site / n)} for n in
              ("good.nii.gz", "trunc.nii", "good.nii", "trunc.nii.gz", "empty.nii.gz",
               "notdicom.dcm", "good.dcm", "series_gap", "series_ok")]
-    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.imaging.readers"):
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.imaging.datalist"):
         kept = decode_items(items, ["image"], site="S1", decode=False)
     assert sorted(Path(it["image"]).name for it in kept) == [
         "good.dcm", "good.nii", "good.nii.gz", "series_ok"]
-    lines = [r.getMessage() for r in caplog.records if r.name == "fedbn_med.tasks.imaging.readers"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedbn_med.tasks.imaging.datalist"]
     expected = {"trunc.nii": "unreadable NIfTI", "trunc.nii.gz": "unreadable NIfTI",
                 "empty.nii.gz": "empty file", "notdicom.dcm": "not a DICOM file",
                 "series_gap": "missing slice"}

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from fedbn_med.tasks.imaging import synth
-from fedbn_med.tasks.imaging.readers import decode_items, load_datalist
+from fedbn_med.tasks.imaging.datalist import decode_items, load_datalist
 from fedbn_med.tasks.imaging.site_files import load_imaging_site
 
 SIZE, SUBJECTS = 16, 6

@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from fedbn_med.tasks.imaging import dicom_io
+from fedbn_med.tasks.imaging.datalist import load_datalist
 from fedbn_med.tasks.imaging.layouts import convert, write_datalists
-from fedbn_med.tasks.imaging.readers import load_datalist, read_image
+from fedbn_med.tasks.imaging.readers import read_image
 from pipelines.image_datalists import main
 
 FINDINGS = ["No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity",

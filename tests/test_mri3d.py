@@ -19,8 +19,8 @@ from fedbn_med.fl.partition import partition_model
 from fedbn_med.fl.strategies import get_strategy
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
+from fedbn_med.tasks.imaging.datalist import load_datalist
 from fedbn_med.tasks.imaging.datasets import cross_validation_split, make_dataset
-from fedbn_med.tasks.imaging.readers import load_datalist
 from fedbn_med.tasks.imaging.synth import ensure_mri_site
 from fedbn_med.tasks.mri.data import mri_transforms
 from fedbn_med.tasks.mri.model import build_mri_model

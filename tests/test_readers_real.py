@@ -136,7 +136,7 @@ def test_dicomdir_export_read_by_content_and_followed(caplog: pytest.LogCaptureF
     slices = sorted(folder.iterdir(), key=lambda p: float(pydicom.dcmread(p)
                                                           .ImagePositionPatient[2]))
     np.testing.assert_allclose(volume[:, :, 0], _pydicom_modality(slices[0]))
-    with caplog.at_level(logging.INFO, logger="fedbn_med.tasks.imaging.dicom_read"):
+    with caplog.at_level(logging.INFO, logger="fedbn_med.tasks.imaging.dicom_series"):
         assert read_image(export / "98892001").shape == (16, 16, 5)  # 2 series: the largest
     assert any("2 series; reading the largest" in r.getMessage() for r in caplog.records)
     with pytest.raises(ImageReadError, match=r"no series match 'T2 AX'.*SmartScore"):

@@ -25,7 +25,7 @@ from monai.data import CacheDataset, Dataset, PersistentDataset
 from monai.transforms import Compose
 from torch.utils.data import ConcatDataset
 
-from fedbn_med.tasks.imaging.readers import SPLIT_KEYS, decode_items, load_datalist
+from fedbn_med.tasks.imaging.datalist import SPLIT_KEYS, decode_items, load_datalist
 from fedbn_med.tasks.imaging.site_files import ImagingSite
 from fedbn_med.training.trainer import derive_seed
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -31,9 +30,9 @@ from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRL
 
 from fedbn_med.tasks.imaging.dicom_io import strict_reading
 
-__all__ = ["PIXEL_TAGS", "DicomSeries", "ImageReadError", "ValuesMode", "check_dicom_size",
-           "check_spacing", "decode_dataset", "find_series", "is_dicom", "order_frames",
-           "read_dataset", "select_series"]
+__all__ = ["PIXEL_TAGS", "ImageReadError", "ValuesMode", "check_dicom_size", "check_spacing",
+           "decode_dataset", "first_line", "is_dicom", "order_frames", "read_dataset",
+           "sop_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,8 @@ class ImageReadError(ValueError):
         self.reason = reason
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """Return the last non-empty line of an error's message (at most 200 characters)."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
     return lines[-1][:200] if lines else type(err).__name__
 
@@ -93,11 +93,11 @@ def read_dataset(path: Path, *, pixels: bool = True) -> pydicom.Dataset:
             return ds
     except InvalidDicomError as err:
         what = "invalid DICOM" if not force else "not a DICOM file"
-        raise ImageReadError(path, f"{what} ({_first_line(err)})") from err
+        raise ImageReadError(path, f"{what} ({first_line(err)})") from err
     except (OSError, EOFError, ValueError, AttributeError, KeyError, TypeError,
             IndexError, MemoryError) as err:
         raise ImageReadError(path, f"invalid or truncated DICOM ({type(err).__name__}: "
-                               f"{_first_line(err)})") from err
+                               f"{first_line(err)})") from err
 
 
 def _set_raw_syntax(ds: pydicom.Dataset) -> None:
@@ -151,7 +151,7 @@ def check_dicom_size(path: Path, ds: pydicom.Dataset, max_voxels: int, max_bytes
 
 def _check_decodable(path: Path, ds: pydicom.Dataset) -> None:
     if not any(tag in ds for tag in PIXEL_TAGS):
-        raise ImageReadError(path, f"no pixel data (a {_sop_name(ds)} object, not an image)")
+        raise ImageReadError(path, f"no pixel data (a {sop_name(ds)} object, not an image)")
     if "PixelData" not in ds:
         return  # float pixel data are never compressed
     syntax = ds.file_meta.get("TransferSyntaxUID") if hasattr(ds, "file_meta") else None
@@ -168,7 +168,8 @@ def _check_decodable(path: Path, ds: pydicom.Dataset) -> None:
                                f"decoder handles it (install one of: {needs})")
 
 
-def _sop_name(ds: pydicom.Dataset) -> str:
+def sop_name(ds: pydicom.Dataset) -> str:
+    """Return the name of a dataset's SOP class (e.g. 'CT Image Storage'), for messages."""
     uid = ds.get("SOPClassUID") or ds.get("MediaStorageSOPClassUID")
     if uid is None and hasattr(ds, "file_meta"):
         uid = ds.file_meta.get("MediaStorageSOPClassUID")
@@ -193,7 +194,7 @@ def _pixels(path: Path, ds: pydicom.Dataset) -> np.ndarray:
     except (OSError, EOFError, ValueError, AttributeError, KeyError, TypeError, IndexError,
             RuntimeError, NotImplementedError, MemoryError) as err:
         raise ImageReadError(path, f"pixel data cannot be decoded ({type(err).__name__}: "
-                               f"{_first_line(err)})") from err
+                               f"{first_line(err)})") from err
     return raw
 
 
@@ -333,111 +334,3 @@ def check_spacing(where: Path, positions: np.ndarray, names: Sequence[str]) -> N
         kind = "missing slice" if gaps[k] > 1.5 * step else "inconsistent slice spacing"
         raise ImageReadError(where, f"{kind}: {gaps[k]:.3g} mm between {names[k]} and "
                                 f"{names[k + 1]}, expected {step:.3g} mm")
-
-
-@dataclass(frozen=True)
-class DicomSeries:
-    """The files of one series found in a folder or a DICOMDIR.
-
-    Attributes
-    ----------
-    uid : str
-        ``SeriesInstanceUID``.
-    description : str
-        ``SeriesDescription`` (may be empty).
-    modality : str
-        ``Modality``.
-    files : tuple of pathlib.Path
-        The series' files, in name order.
-    """
-
-    uid: str
-    description: str
-    modality: str
-    files: tuple[Path, ...]
-
-
-def find_series(source: Path) -> tuple[list[DicomSeries], list[tuple[Path, str]]]:
-    """Group the DICOM files of a folder, or those a DICOMDIR lists, by series.
-
-    A folder holding a ``DICOMDIR`` is read through it. Returns the series (largest
-    first) and the files left out with the reason (not DICOM, unreadable, no pixels).
-    """
-    if source.is_dir() and (source / "DICOMDIR").is_file():
-        source = source / "DICOMDIR"
-    if source.is_file():
-        files = _dicomdir_files(source)
-    else:
-        files = sorted(p for p in source.rglob("*") if p.is_file()
-                       and not p.name.startswith("."))
-    groups: dict[str, list[Path]] = {}
-    info: dict[str, tuple[str, str]] = {}
-    left_out: list[tuple[Path, str]] = []
-    for path in files:
-        if not is_dicom(path):
-            left_out.append((path, "not a DICOM file"))
-            continue
-        try:
-            ds = read_dataset(path, pixels=False)
-        except ImageReadError as err:
-            left_out.append((path, err.reason))
-            continue
-        if "DirectoryRecordSequence" in ds:
-            continue  # the DICOMDIR itself, met while walking a folder
-        uid = str(ds.get("SeriesInstanceUID", "") or "")
-        groups.setdefault(uid, []).append(path)
-        info.setdefault(uid, (str(ds.get("SeriesDescription", "") or ""),
-                              str(ds.get("Modality", "") or "")))
-    series = [DicomSeries(uid, *info[uid], tuple(sorted(paths)))
-              for uid, paths in groups.items()]
-    series.sort(key=lambda s: (-len(s.files), s.uid))
-    return series, left_out
-
-
-def _dicomdir_files(path: Path) -> list[Path]:
-    from pydicom.fileset import FileSet
-
-    ds = read_dataset(path, pixels=False)
-    if "DirectoryRecordSequence" not in ds:
-        raise ImageReadError(path, "expected a DICOMDIR (a Directory Record Sequence); this is a "
-                               f"{_sop_name(ds)} file")
-    try:
-        with strict_reading():
-            fileset = FileSet(ds)
-    except (ValueError, KeyError, AttributeError, TypeError, OSError) as err:
-        raise ImageReadError(path, f"unreadable DICOMDIR ({type(err).__name__}: "
-                               f"{_first_line(err)})") from err
-    files = [Path(instance.path) for instance in fileset]
-    if not files:
-        raise ImageReadError(path, "the DICOMDIR lists no instances")
-    return files
-
-
-def select_series(source: Path, series: Sequence[DicomSeries], choice: str | None
-                  ) -> DicomSeries:
-    """Pick one series: by UID or description when given, else the largest (logged).
-
-    Raises
-    ------
-    ImageReadError
-        If there is no series, or ``choice`` matches none (the valid ones are listed).
-    """
-    if not series:
-        raise ImageReadError(source, "no DICOM series found (no readable DICOM file)")
-    if choice:
-        match = [s for s in series if choice in (s.uid, s.description)]
-        if len(match) != 1:
-            listed = "; ".join(f"{s.uid} '{s.description}' ({len(s.files)} files)"
-                               for s in series[:6])
-            what = "no" if not match else f"{len(match)}"
-            raise ImageReadError(source, f"{what} series match '{choice}' (by SeriesInstanceUID or "
-                                     f"SeriesDescription); series here: {listed}")
-        return match[0]
-    chosen = series[0]
-    if len(series) > 1:
-        logger.info("%s: %d series; reading the largest, %s '%s' (%d files); name another "
-                    "with the datalist's image_series (UID or description): %s", source,
-                    len(series), chosen.uid, chosen.description, len(chosen.files),
-                    ", ".join(f"{s.uid} '{s.description}' ({len(s.files)})"
-                              for s in series[1:6]))
-    return chosen

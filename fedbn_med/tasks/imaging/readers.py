@@ -17,36 +17,30 @@ such error into one warning line and keeps the rest of the site's data.
 from __future__ import annotations
 
 import gzip
-import json
 import logging
 import math
 import zlib
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import nibabel as nib
 import numpy as np
-from monai.config import KeysCollection
-from monai.data import load_decathlon_datalist
 from monai.data.image_reader import NibabelReader, PILReader
-from monai.transforms import LoadImage, MapTransform
+from monai.transforms import LoadImage
 from nibabel.filebasedimages import ImageFileError
 from PIL import Image
 
 from fedbn_med.tasks.imaging import dicom_read
-from fedbn_med.tasks.imaging.dicom_read import ImageReadError, ValuesMode
+from fedbn_med.tasks.imaging.dicom_read import ImageReadError, ValuesMode, first_line
+from fedbn_med.tasks.imaging.dicom_series import find_series, order_slices, select_series
 
 __all__ = [
     "MAX_BYTES",
     "MAX_VOXELS",
-    "SPLIT_KEYS",
     "ImageReadError",
-    "ReadImaged",
     "check_declared_size",
     "check_nifti_header",
-    "decode_items",
-    "load_datalist",
     "read_dicom_file",
     "read_dicom_series",
     "read_image",
@@ -58,7 +52,6 @@ logger = logging.getLogger(__name__)
 # absent; the fallback (pydicom's own decoders) is what we want, so keep that quiet.
 logging.getLogger("monai.data.nvimgcodec_pydicom_plugin").setLevel(logging.ERROR)
 
-SPLIT_KEYS = ("training", "validation", "test")
 # Largest image decoded (2**28 voxels: 1 GiB as float32), checked from the header before
 # anything is allocated; far above one MRI volume or radiograph, far below a host's memory.
 MAX_VOXELS = 2**28
@@ -82,11 +75,6 @@ def _require_nonempty(path: Path) -> None:
         raise ImageReadError(path, "file not found")
     if path.is_file() and path.stat().st_size == 0:
         raise ImageReadError(path, "empty file (0 bytes)")
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    return lines[-1][:200] if lines else "no message"
 
 
 def check_declared_size(path: str | Path, shape: Sequence[int], itemsize: int, *,
@@ -124,7 +112,7 @@ def _nibabel_header(path: Path, what: str) -> tuple[Any, tuple[int, ...], np.dty
     except (ImageFileError, OSError, EOFError, zlib.error, ValueError, TypeError,
             KeyError, IndexError) as err:
         raise ImageReadError(path, f"unreadable {what} header ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
+                                   f"{first_line(err)})") from err
     if isinstance(image, nib.Cifti2Image):
         raise ImageReadError(path, "a CIFTI-2 file (a matrix over brain models), not a volume "
                                    "image; expected a 2D/3D/4D image")
@@ -136,7 +124,7 @@ def _nibabel_header(path: Path, what: str) -> tuple[Any, tuple[int, ...], np.dty
         dtype = np.dtype(spatial.get_data_dtype())
     except (ValueError, TypeError, AttributeError) as err:
         raise ImageReadError(path, f"unreadable {what} header ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
+                                   f"{first_line(err)})") from err
     return image, shape, dtype
 
 
@@ -189,7 +177,7 @@ def _load_nibabel(path: Path, what: str) -> np.ndarray:
     except (OSError, EOFError, zlib.error, ValueError, RuntimeError, MemoryError,
             KeyError, IndexError, TypeError, ImageFileError) as err:
         raise ImageReadError(path, f"unreadable {what} ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
+                                   f"{first_line(err)})") from err
     if not np.isfinite(data).all():
         raise ImageReadError(path, f"{what} data contain NaN or Inf")
     return data
@@ -209,7 +197,7 @@ def _read_other_nibabel(path: Path) -> np.ndarray:
     except (OSError, EOFError, zlib.error, ValueError, RuntimeError, MemoryError,
             KeyError, IndexError, TypeError, AttributeError, ImageFileError) as err:
         raise ImageReadError(path, f"unreadable {what} ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
+                                   f"{first_line(err)})") from err
     if not np.isfinite(data).all():
         raise ImageReadError(path, f"{what} data contain NaN or Inf")
     return data
@@ -233,14 +221,6 @@ def read_dicom_file(path: str | Path, *, values: ValuesMode = "modality") -> np.
     return dicom_read.order_frames(path, array, positions)
 
 
-def _geometry(ds: Any) -> tuple[np.ndarray, float] | None:
-    if "ImagePositionPatient" not in ds or "ImageOrientationPatient" not in ds:
-        return None
-    orient = np.asarray([float(v) for v in ds.ImageOrientationPatient])
-    normal = np.cross(orient[:3], orient[3:])
-    return orient, float(np.dot(normal, [float(v) for v in ds.ImagePositionPatient]))
-
-
 def read_dicom_series(source: str | Path, *, series: str | None = None,
                       values: ValuesMode = "modality") -> np.ndarray:
     """Assemble one DICOM series of a folder (or a ``DICOMDIR``) into a volume.
@@ -255,13 +235,13 @@ def read_dicom_series(source: str | Path, *, series: str | None = None,
     """
     source = Path(source)
     _require_nonempty(source)
-    found, left_out = dicom_read.find_series(source)
+    found, left_out = find_series(source)
     if not found:
         reason = f"; first file left out: {left_out[0][0].name}: {left_out[0][1]}" \
             if left_out else ""
         raise ImageReadError(source, "no DICOM series found" + (
             " (empty folder)" if not left_out else reason))
-    chosen = dicom_read.select_series(source, found, series)
+    chosen = select_series(source, found, series)
     datasets = [(p, dicom_read.read_dataset(p, pixels=False)) for p in chosen.files]
     if not any(tag in datasets[0][1] for tag in dicom_read.PIXEL_TAGS):
         raise ImageReadError(source, f"series {chosen.uid} '{chosen.description}' has no "
@@ -281,20 +261,7 @@ def read_dicom_series(source: str | Path, *, series: str | None = None,
     rows, cols = shapes.pop()
     bits = max(1, int(datasets[0][1].get("BitsAllocated", 16) or 16) // 8)
     check_declared_size(source, (rows, cols, len(datasets)), bits, what="DICOM series")
-    geometry = [_geometry(ds) for _, ds in datasets]
-    if all(g is not None for g in geometry):
-        orients = {tuple(np.round(g[0], 3)) for g in geometry}  # type: ignore[index]
-        if len(orients) > 1:
-            raise ImageReadError(source, f"series {chosen.uid} holds slices of {len(orients)} "
-                                         "orientations (a localiser?); expected one stack")
-        order = sorted(range(len(datasets)), key=lambda i: geometry[i][1])  # type: ignore[index]
-        datasets = [datasets[i] for i in order]
-        positions = np.array([geometry[i][1] for i in order])  # type: ignore[index]
-        _check_instances(source, [ds for _, ds in datasets], require_contiguous=False)
-        dicom_read.check_spacing(source, positions, [p.name for p, _ in datasets])
-    else:
-        datasets.sort(key=lambda s: int(s[1].get("InstanceNumber", 0) or 0))
-        _check_instances(source, [ds for _, ds in datasets], require_contiguous=True)
+    datasets = order_slices(source, chosen.uid, datasets)
     planes = []
     for path, _ in datasets:
         ds = dicom_read.read_dataset(path)
@@ -302,22 +269,6 @@ def read_dicom_series(source: str | Path, *, series: str | None = None,
                                              max_bytes=MAX_BYTES)
         planes.append(plane)
     return np.stack(planes, axis=2)
-
-
-def _check_instances(folder: Path, datasets: Sequence[Any], *, require_contiguous: bool
-                     ) -> None:
-    numbers = sorted(int(ds.InstanceNumber) for ds in datasets
-                     if ds.get("InstanceNumber") not in (None, ""))
-    if len(numbers) < len(datasets):
-        return  # no usable numbering; positions decide
-    if len(set(numbers)) < len(numbers):
-        raise ImageReadError(folder, "duplicate InstanceNumber in series")
-    missing = sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
-    if missing and require_contiguous:  # with positions, the spacing check decides
-        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
-        raise ImageReadError(folder, f"missing slice(s): InstanceNumber {shown} absent "
-                                     f"from {numbers[0]}..{numbers[-1]} and no slice "
-                                     "positions to tell a gap from a renumbering")
 
 
 def _sniff(path: Path) -> str:
@@ -413,7 +364,7 @@ def _read_pil(path: Path, kind: str) -> np.ndarray:
                 4 if img.mode in ("I", "F") else 1)
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise ImageReadError(path, f"unreadable {kind.upper()} ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
+                                   f"{first_line(err)})") from err
     shape = (height, width) + ((bands,) if bands > 1 else ())
     check_declared_size(path, shape, itemsize, what=kind.upper())
     loader = LoadImage(image_only=True, dtype=np.float32)
@@ -423,81 +374,4 @@ def _read_pil(path: Path, kind: str) -> np.ndarray:
     except (OSError, ValueError, RuntimeError, MemoryError, Image.DecompressionBombError,
             SyntaxError) as err:
         raise ImageReadError(path, f"unreadable {kind.upper()} ({type(err).__name__}: "
-                                   f"{_first_line(err)})") from err
-
-
-def load_datalist(path: str | Path, *, split_seed: int = 0) -> dict[str, list[dict[str, Any]]]:
-    """Load a MONAI-style JSON datalist into ``{"training", "validation", "test"}`` items.
-
-    Relative paths in ``image``/``label`` are resolved from the datalist's folder. A
-    datalist with only ``training`` is split 60/20/20 by ``split_seed``.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"Datalist {path} does not exist. Expected a MONAI-style JSON file "
-                         'such as {"training": [{"image": "a.nii.gz", "label": ...}]}.')
-    try:
-        keys = set(json.loads(path.read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, TypeError) as err:
-        raise ValueError(f"Datalist {path} is not a JSON object: {err}.") from err
-    if "training" not in keys:
-        raise ValueError(f"Datalist {path} has keys {sorted(keys)}; expected 'training' and "
-                         f"optionally 'validation' and 'test'.")
-    out = {key: load_decathlon_datalist(str(path), data_list_key=key, base_dir=path.parent)
-           for key in SPLIT_KEYS if key in keys}
-    if set(out) == {"training"}:
-        items = out["training"]
-        order = np.random.default_rng(split_seed).permutation(len(items))
-        n_eval = max(1, len(items) // 5)
-        out = {"validation": [items[i] for i in order[:n_eval]],
-               "test": [items[i] for i in order[n_eval:2 * n_eval]],
-               "training": [items[i] for i in order[2 * n_eval:]]}
-    for key in SPLIT_KEYS:
-        out.setdefault(key, [])
-    return out
-
-
-def decode_items(items: Iterable[Mapping[str, Any]], keys: Sequence[str], site: str = "",
-                 *, decode: bool = True) -> list[dict[str, Any]]:
-    """Decode the image files named under ``keys`` in each item; skip unreadable items.
-
-    Each skipped item costs one warning naming the file and the reason. The others are
-    returned with ``keys`` holding arrays (a leading channel axis added), or, with
-    ``decode=False``, unchanged (the files were read only to check them).
-    """
-    usable = []
-    for item in items:
-        try:
-            decoded = dict(ReadImaged(keys)(cast(Mapping[Hashable, Any], dict(item))))
-        except ImageReadError as err:
-            logger.warning("Site %s: skipping %s: %s", site or "?", err.path, err.reason)
-            continue
-        usable.append(cast(dict[str, Any], decoded) if decode else dict(item))
-    return usable
-
-
-class ReadImaged(MapTransform):
-    """MONAI dictionary transform: replace file paths under ``keys`` by decoded arrays.
-
-    Adds a leading channel axis, as ``EnsureChannelFirstd`` would; use it as the first
-    transform of a chain so that :class:`monai.data.CacheDataset` keeps its output. An
-    item may name the series of a folder or DICOMDIR under ``"<key>_series"`` (a
-    ``SeriesInstanceUID`` or ``SeriesDescription``); ``values`` is passed to
-    :func:`read_image`.
-    """
-
-    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False,
-                 values: ValuesMode = "modality") -> None:
-        super().__init__(keys, allow_missing_keys)
-        self.values: ValuesMode = values
-
-    def __call__(self, data: Mapping[Hashable, Any]) -> dict[Hashable, Any]:
-        """Decode every key's file."""
-        out = dict(data)
-        for key in self.key_iterator(out):
-            value = out[key]
-            if isinstance(value, (str, Path)):
-                series = out.get(f"{key}_series")
-                out[key] = read_image(value, series=str(series) if series else None,
-                                      values=self.values)[None]
-        return out
+                                   f"{first_line(err)})") from err

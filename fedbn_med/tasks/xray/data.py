@@ -24,8 +24,8 @@ from monai.transforms import (
 )
 
 from fedbn_med.tasks.imaging import synth
+from fedbn_med.tasks.imaging.datalist import ReadImaged
 from fedbn_med.tasks.imaging.datasets import ImageSiteData, make_dataset, site_split
-from fedbn_med.tasks.imaging.readers import ReadImaged
 from fedbn_med.tasks.imaging.settings import ImagingSettings
 from fedbn_med.tasks.imaging.site_files import ImagingSite
 

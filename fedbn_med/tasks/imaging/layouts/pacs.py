@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedbn_med.tasks.imaging.dicom_read import DicomSeries, find_series
+from fedbn_med.tasks.imaging.dicom_series import DicomSeries, find_series
 from fedbn_med.tasks.imaging.layouts.common import Datalists
 
 __all__ = ["read"]
