@@ -1,10 +1,12 @@
 """Shared plumbing of the benchmark scripts: arguments, runs, summaries, outputs, MLflow.
 
 Every script in ``benchmarks/`` parses the same options (:func:`make_parser`), runs its
-grid of federations with :func:`run` under a progress bar (:meth:`Benchmark.progress`)
-and hands one markdown table, its rows and a plot to :meth:`Benchmark.publish`, which
-writes ``table.md``, ``table.csv`` and ``plot.png`` into the output folder, logs them to
-MLflow as one parent run and prints the table and the wall time.
+grid of federations with :func:`run` under a progress bar (:meth:`Benchmark.progress`;
+the grid "axis x strategies x cells" is :func:`_sweep.sweep`'s) and hands one markdown
+table (:func:`markdown_table`), its rows and a plot (:mod:`_plots`) to
+:meth:`Benchmark.publish`, which writes ``table.md``, ``table.csv`` and ``plot.png`` into
+the output folder, logs them to MLflow as one parent run and prints the table and the
+wall time.
 
 The library (torch, MLflow) is imported only when a benchmark runs, so that ``--help``
 and option errors answer at once.
@@ -25,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fedbn_med.cli.argtypes import positive_int
+from fedbn_med.evaluation.tables import markdown_table
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
@@ -34,11 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
-    "Panel", "bar_plot", "curve", "float_list", "format_mean_std",
-    "line_panels", "line_plot",
-    "make_parser",
-    "markdown_table", "mean_std", "prepare_all", "publish_site_comparison", "run",
-    "selected", "site_mean", "strategy_config",
+    "curve", "float_list", "format_mean_std", "make_parser", "markdown_table", "mean_std",
+    "prepare_all", "run", "selected", "site_mean", "strategy_config",
 ]
 
 BENCHMARK_DIR = Path(__file__).resolve().parent
@@ -387,121 +387,3 @@ def format_mean_std(values: Iterable[float], *, pct: bool = True, signed: bool =
     if pct:
         return f"{100 * mean:{sign}.1f} ({100 * std:.1f})"
     return f"{mean:{sign}.3f} ({std:.3f})"
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Return a markdown table."""
-    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-# -- plots ----------------------------------------------------------------------------------
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-Series = Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None]]
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One axes of a line figure: ``{label: (x, y, yerr or None)}`` and its labels."""
-
-    series: Series
-    xlabel: str
-    ylabel: str
-    xlog: bool = False
-    hline: float | None = None
-
-
-def line_panels(path: Path, panels: Sequence[Panel], *, title: str) -> Path:
-    """Draw panels side by side as lines with error bars and save a PNG."""
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        for label, (xs, ys, err) in panel.series.items():
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=3, label=label)
-        if panel.hline is not None:
-            ax.axhline(panel.hline, color="grey", lw=0.8, ls="--")
-        if panel.xlog:
-            ax.set_xscale("log")
-        ax.set(xlabel=panel.xlabel, ylabel=panel.ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def line_plot(path: Path, series: Series, *, xlabel: str, ylabel: str, title: str,
-              xlog: bool = False, hline: float | None = None) -> Path:
-    """Plot ``{label: (x, y, yerr or None)}`` as lines with error bars and save a PNG."""
-    return line_panels(path, [Panel(series, xlabel, ylabel, xlog, hline)], title=title)
-
-
-def bar_plot(path: Path, groups: Sequence[str],
-             series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-             *, ylabel: str, title: str) -> Path:
-    """Plot ``{label: (means, stds)}`` as grouped bars, one group per entry of ``groups``."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
-    width = 0.8 / max(len(series), 1)
-    x = np.arange(len(groups))
-    for i, (label, (means, stds)) in enumerate(series.items()):
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, means, width, yerr=stds, capsize=2,
-               label=label)
-    ax.set_xticks(x, groups)
-    ax.set(ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize="small", ncol=min(len(series), 5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
-                            sites: Sequence[str], *, title: str, notes: str) -> int:
-    """Run the comparison protocol on ``specs``; publish its table, predictions and plot.
-
-    The plot shows each method's test balanced accuracy per site and on average at the
-    best-validation round, with the corrected 95 % interval. Returns the exit status 0.
-    """
-    from fedbn_med.evaluation.comparison import run_comparison
-    from fedbn_med.evaluation.report import csv_text
-
-    bench.runs += len(specs) * len(bench.cells)
-    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
-    table = comparison.report()
-    bench.out.mkdir(parents=True, exist_ok=True)
-    (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
-                                               encoding="utf-8")
-    groups = [*sites, "mean"]
-
-    def plot(path: Path) -> Path:
-        series = {}
-        for method in comparison.strategies:
-            means, errs = [], []
-            for site in groups:
-                mean, _, high = comparison.corrected(
-                    comparison.values(method, "best", "balanced_accuracy", site))
-                means.append(100 * mean)
-                errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
-            series[method] = (means, errs)
-        return bar_plot(path, groups, series,
-                        ylabel="test balanced accuracy (%), best-validation round, "
-                               "corrected 95 % CI", title=title)
-
-    bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics(),
-                  protocol="each run's result at its round with the lowest mean validation "
-                           "loss; mean [95 % CI] over the cells, corrected for shared "
-                           "subjects (Nadeau-Bengio)", check="comparison")
-    return 0

@@ -129,7 +129,7 @@ def summarise(cells: Sequence[Mapping[str, float]], test_train_ratio: float) -> 
 
     Each cell maps ``<score>`` (:data:`SCORES`) to its site mean at the value's round.
     """
-    from fedbn_med.evaluation.stats import corrected_t_interval
+    from fedbn_med.evaluation.intervals import corrected_t_interval
 
     def mean(key: str) -> float:
         vals = [c[key] for c in cells if math.isfinite(c[key])]

@@ -17,19 +17,11 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from _common import (
-    LABELS,
-    Benchmark,
-    Budget,
-    curve,
-    make_parser,
-    markdown_table,
-    run,
-    strategy_config,
-)
+from _common import LABELS, Benchmark, Budget, curve, make_parser, markdown_table, strategy_config
+from _sweep import run_grid
 
-from fedbn_med.evaluation.comparison import format_interval
 from fedbn_med.evaluation.report import convergence_plot
+from fedbn_med.evaluation.tables import format_interval
 from fedbn_med.spec import BN_INITS
 
 NAME = "convergence"
@@ -62,35 +54,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds = bench.args.rounds
     labels = [_label(s, i) for i in inits for s in STRATEGIES]
     curves: dict[str, list[dict[str, float | int | str]]] = {lb: [] for lb in labels}
-    # per_cell[label][metric] = one curve (mean over sites, rounds 1..R) per cell
-    per_cell: dict[str, dict[str, list[list[float]]]] = {
-        lb: {m: [] for m in METRICS} for lb in labels}
-    grid = [(i, s, fold, seed) for i in inits for s in STRATEGIES
-            for fold, seed in bench.cells]
-    for init, strategy, fold, seed in bench.progress(grid):
+    # per_cell[label][metric][(fold, seed)] = the run's curve (mean over sites, rounds 1..R)
+    per_cell: dict[str, dict[str, dict[tuple[int, int], list[float]]]] = {
+        lb: {m: {} for m in METRICS} for lb in labels}
+    runs = run_grid(bench, inits, STRATEGIES, lambda init, s, fold, seed: strategy_config(
+        bench, s, fold=fold, seed=seed, bn_init=init))
+    for init, strategy, fold, seed, history in runs:
         label = _label(strategy, init)
-        history = run(strategy_config(bench, strategy, fold=fold, seed=seed, bn_init=init))
         curves[label].extend({**r, "fold": fold, "seed": seed} for r in history.rows)
         for metric in METRICS:
-            per_cell[label][metric].append(list(curve(history, metric)))
+            per_cell[label][metric][fold, seed] = list(curve(history, metric))
 
     marks = sorted({r for r in CHECKPOINTS if r <= rounds} | {rounds})
     header = ["round", *[f"{label} loss" for label in per_cell],
               *[f"{label} acc (%)" for label in per_cell]]
     body = [[rnd,
-             *[format_interval([c[rnd - 1] for c in per_cell[lb]["train_loss"]],
+             *[format_interval([c[rnd - 1] for c in per_cell[lb]["train_loss"].values()],
                                scale=1.0, digits=3)
                for lb in per_cell],
-             *[format_interval([c[rnd - 1] for c in per_cell[lb]["val_accuracy"]])
+             *[format_interval([c[rnd - 1] for c in per_cell[lb]["val_accuracy"].values()])
                for lb in per_cell]]
             for rnd in marks]
     table = ("Mean over sites, mean [95 % CI] over (fold, seed) cells; loss = training "
              "loss of the round, acc = validation accuracy (no test split is read)\n\n"
              + markdown_table(header, body))
     rows = [{"strategy": lb, "fold": fold, "seed": seed, "round": rnd,
-             **{m: round(per_cell[lb][m][i][rnd - 1], 6) for m in METRICS}}
-            for lb in per_cell for i, (fold, seed) in enumerate(bench.cells)
-            for rnd in range(1, rounds + 1)]
+             **{m: round(per_cell[lb][m][fold, seed][rnd - 1], 6) for m in METRICS}}
+            for lb in per_cell for fold, seed in bench.cells for rnd in range(1, rounds + 1)]
 
     def plot(path: Path) -> Path:
         return convergence_plot(curves, path, METRICS,

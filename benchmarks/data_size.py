@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,26 +21,29 @@ from _common import (
     Benchmark,
     Budget,
     float_list,
-    line_plot,
     make_parser,
     markdown_table,
     mean_std,
     prepare_all,
-    run,
-    selected,
     strategy_config,
 )
+from _plots import line_plot
+from _sweep import gap, summary, sweep
 from sklearn.model_selection import train_test_split
 
-from fedbn_med.evaluation.comparison import format_interval
+from fedbn_med.evaluation.tables import format_stats
 from fedbn_med.tasks.abide.sites import load_sites
 from fedbn_med.training.trainer import SiteData, derive_seed
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
 
 NAME = "data_size"
 STRATEGIES = ("fedbn", "singleset")
 FRACTIONS = (1.0, 0.5, 0.2, 0.1, 0.05, 0.01)
 QUICK_FRACTIONS = (1.0, 0.1)
 MIN_EXAMPLES = 2  # batch norm cannot train on fewer
+METRIC = "balanced_accuracy"
 
 
 def _fractions(text: str) -> tuple[float, ...]:
@@ -88,44 +92,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark(parser, argv)
     fractions = bench.args.fractions or (QUICK_FRACTIONS if bench.args.quick else FRACTIONS)
     sites = load_sites(list(bench.config().sites))
-    acc: dict[str, dict[float, list[float]]] = {LABELS[s]: {f: [] for f in fractions}
-                                                for s in STRATEGIES}
-    n_train: dict[float, dict[str, list[int]]] = {f: {s: [] for s in sites} for f in fractions}
     full: dict[tuple[int, int], dict[str, SiteData]] = {}
-    grid = [(fold, seed, f, s) for fold, seed in bench.cells for f in fractions
-            for s in STRATEGIES]
-    for fold, seed, fraction, strategy in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold, seed=seed)
+    shares: dict[tuple[float, int, int], dict[str, SiteData]] = {}
+
+    def data(fraction: float, config: RunSpec) -> dict[str, SiteData]:
+        fold, seed = config.fold, config.seed
         if (fold, seed) not in full:  # each repetition re-draws the splits
             full[fold, seed] = prepare_all(config, sites)
-        datas = _subsampled(full[fold, seed], fraction, seed, fold)
-        if strategy == STRATEGIES[0]:
-            for site, d in datas.items():
-                n_train[fraction][site].append(d.num_train)
-        acc[LABELS[strategy]][fraction].append(selected(run(config, datas, sites)))
+        if (fraction, fold, seed) not in shares:
+            shares[fraction, fold, seed] = _subsampled(full[fold, seed], fraction, seed, fold)
+        return shares[fraction, fold, seed]
 
-    gap = {f: [a - b for a, b in zip(acc["FedBN"][f], acc["SingleSet"][f])]
-           for f in fractions}
+    def spec(fraction: float, strategy: str, fold: int, seed: int) -> RunSpec:
+        return strategy_config(bench, strategy, fold=fold, seed=seed)
+
+    comparisons = sweep(bench, fractions, STRATEGIES, spec, data=data, sites=sites)
+    # training examples of each site in each (fraction, fold, seed)
+    n_train = {key: {site: d.num_train for site, d in datas.items()}
+               for key, datas in shares.items()}
+    labels = [LABELS[s] for s in STRATEGIES]
+
+    def acc(strategy: str, fraction: float) -> dict[tuple[int, int], float]:
+        return comparisons[fraction].values(strategy, "best", METRIC)
+
     header = ["data (%)", f"train examples ({'/'.join(sites)})",
-              *[f"{label} (%)" for label in acc], "FedBN - SingleSet (pp)"]
-    body = [[f"{100 * f:g}", "/".join(str(round(np.mean(n_train[f][s]))) for s in sites),
-             *[format_interval(acc[label][f]) for label in acc],
-             format_interval(gap[f], signed=True)] for f in fractions]
+              *[f"{label} (%)" for label in labels], "FedBN - SingleSet (pp)"]
+    body = [[f"{100 * f:g}",
+             "/".join(str(round(np.mean([n_train[f, fold, seed][s]
+                                         for fold, seed in bench.cells]))) for s in sites),
+             *[format_stats(*summary(comparisons[f], s, ci="naive")) for s in STRATEGIES],
+             format_stats(*gap(comparisons[f], "fedbn", "singleset", ci="naive"), signed=True)]
+            for f in fractions]
     table = ("Test balanced accuracy at the round with the lowest mean validation loss, "
              "mean over sites, mean [95 % CI] over (fold, seed) cells (naive: cells share "
              "subjects, see interval_design.py); the gap is paired by cell\n\n"
              + markdown_table(header, body))
-    rows = [{"fraction": f, "strategy": label, "fold": fold, "seed": seed,
+    rows = [{"fraction": f, "strategy": LABELS[s], "fold": fold, "seed": seed,
              "test_balanced_accuracy": round(v, 6),
-             **{f"n_train_{s}": n_train[f][s][i] for s in sites}}
-            for label in acc for f in fractions
-            for i, ((fold, seed), v) in enumerate(zip(bench.cells, acc[label][f]))]
+             **{f"n_train_{site}": n_train[f, fold, seed][site] for site in sites}}
+            for s in STRATEGIES for f in fractions for (fold, seed), v in acc(s, f).items()]
 
     def plot(path: Path) -> Path:
         xs = [100 * f for f in fractions]
-        series = {label: (xs, [100 * mean_std(acc[label][f])[0] for f in fractions],
-                          [100 * mean_std(acc[label][f])[1] for f in fractions])
-                  for label in acc}
+        series = {LABELS[s]: (xs, [100 * mean_std(acc(s, f).values())[0] for f in fractions],
+                              [100 * mean_std(acc(s, f).values())[1] for f in fractions])
+                  for s in STRATEGIES}
         return line_plot(path, series, xlabel="share of local training data (%, log scale)",
                          ylabel="test balanced accuracy (%)", xlog=True, hline=50.0,
                          title=f"ABIDE, {bench.args.rounds} rounds")

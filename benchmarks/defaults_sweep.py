@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import N_FOLDS, Benchmark, Budget, bar_plot, make_parser, markdown_table, run
+from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, run
+from _plots import bar_plot
 from _sweep_grid import (
     AXES,
     CRITERION,
@@ -151,7 +152,7 @@ def _default_of(axis: str, values: tuple[Value, ...], sweep: Sweep) -> tuple[Val
 
 
 def _pct(stats: tuple[float, float, float]) -> str:
-    from fedbn_med.evaluation.comparison import format_stats
+    from fedbn_med.evaluation.tables import format_stats
 
     return format_stats(*stats)
 

@@ -18,15 +18,14 @@ from _common import (
     FEDPROX_MU,
     Benchmark,
     Budget,
-    Panel,
     curve,
     format_mean_std,
-    line_panels,
     make_parser,
     markdown_table,
     mean_std,
     run,
 )
+from _plots import Panel, line_panels
 from rounds_to_target import rounds_to, smoothed
 
 NAME = "drift"

@@ -130,8 +130,8 @@ class CpuSampler:
 
 def federated(spec: RunSpec, workdir: Path) -> dict:
     """Run over Flower; return the phases' wall times, CPU per role and set-up counts."""
-    options = FlowerOptions(workdir=workdir, tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}",
-                            progress=False)
+    options = FlowerOptions.local(workdir, f"sqlite:///{workdir / 'mlflow.db'}",
+                                  progress=False)
     with CpuSampler() as cpu:
         started = time.time()
         (result,) = run_flower([spec], options)

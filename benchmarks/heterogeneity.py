@@ -17,20 +17,16 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from _common import (
-    Benchmark,
-    Budget,
-    Panel,
-    float_list,
-    line_panels,
-    make_parser,
-    markdown_table,
-    run,
-    strategy_config,
-)
+from _common import Benchmark, Budget, float_list, make_parser, markdown_table, strategy_config
+from _plots import Panel, line_panels
+from _sweep import gap, summary, sweep
 
-from fedbn_med.evaluation.comparison import Cell, Comparison, format_stats
+from fedbn_med.evaluation.tables import format_stats
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
 
 NAME = "heterogeneity"
 STRATEGIES = ("fedbn", "fedavg")
@@ -63,23 +59,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "other benchmarks on real data, or omit --data-dir")
     effects = bench.args.site_effects or (
         QUICK_SITE_EFFECTS if bench.args.quick else SITE_EFFECTS)
-    comparisons = {e: Comparison(sites=tuple(bench.config().sites)) for e in effects}
-    grid = [(e, s, fold, seed) for e in effects for s in STRATEGIES
-            for fold, seed in bench.cells]
-    for effect, strategy, fold, seed in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold, seed=seed, site_effect=effect)
-        comparisons[effect].add(Cell.from_rows(strategy, fold, seed, run(config).rows))
+
+    def spec(effect: float, strategy: str, fold: int, seed: int) -> RunSpec:
+        return strategy_config(bench, strategy, fold=fold, seed=seed, site_effect=effect)
+
+    comparisons = sweep(bench, effects, STRATEGIES, spec)
 
     header = ["site effect", "FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]",
               "at last round (pp) [95 % CI]"]
     body, rows, gaps = [], [], {}
     for e, comparison in comparisons.items():
-        cells = [format_stats(*comparison.corrected(comparison.values(s, "best", METRIC)))
-                 for s in STRATEGIES]
-        gaps[e] = comparison.difference("fedbn", "fedavg", "best", METRIC, corrected=True)
-        last = comparison.difference("fedbn", "fedavg", "last", METRIC, corrected=True)
-        body.append([f"{e:g}", *cells, format_stats(*gaps[e][:3], signed=True),
-                     format_stats(*last[:3], signed=True)])
+        cells = [format_stats(*summary(comparison, s, metric=METRIC)) for s in STRATEGIES]
+        gaps[e] = gap(comparison, "fedbn", "fedavg", metric=METRIC)
+        last = gap(comparison, "fedbn", "fedavg", metric=METRIC, at="last")
+        body.append([f"{e:g}", *cells, format_stats(*gaps[e], signed=True),
+                     format_stats(*last, signed=True)])
         rows += [{"site_effect": e, **row} for row in comparison.rows()]
     table = ("Test balanced accuracy, mean over sites, at the round with the lowest mean "
              f"validation loss; mean [corrected 95 % CI] over {len(bench.cells)} (fold, seed) "
@@ -96,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ], title=f"ABIDE-format cohort, {bench.args.rounds} rounds, "
                  f"{len(bench.cells)} cells")
 
-    metrics = {f"gap.effect_{e:g}.{k}": v for e, (m, lo, hi, _) in gaps.items()
+    metrics = {f"gap.effect_{e:g}.{k}": v for e, (m, lo, hi) in gaps.items()
                for k, v in (("mean", m), ("ci_low", lo), ("ci_high", hi)) if not math.isnan(v)}
     bench.publish(table, rows, plot, metrics=metrics)
     return 0

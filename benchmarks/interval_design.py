@@ -34,18 +34,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from _common import (
-    LABELS,
-    Benchmark,
-    Budget,
-    bar_plot,
-    make_parser,
-    markdown_table,
-    strategy_config,
-)
+from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, strategy_config
+from _plots import bar_plot
 
-from fedbn_med.evaluation.comparison import Comparison, format_stats, run_comparison
-from fedbn_med.evaluation.stats import naive_t_interval
+from fedbn_med.evaluation.comparison import Comparison
+from fedbn_med.evaluation.intervals import naive_t_interval
+from fedbn_med.evaluation.pairing import paired_differences
+from fedbn_med.evaluation.runner import run_comparison
+from fedbn_med.evaluation.tables import format_stats
 
 NAME = "interval_design"
 STRATEGIES = ("fedbn", "fedavg")
@@ -150,8 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "floor (any rep.)"]
     proj_body, reached = [], []
     for metric in METRICS:
-        va, vb = resplit.values(a, "best", metric), resplit.values(b, "best", metric)
-        diffs = [va[k] - vb[k] for k in va if k in vb and math.isfinite(va[k] - vb[k])]
+        diffs = [d for d in paired_differences(resplit.values(a, "best", metric),
+                                               resplit.values(b, "best", metric),
+                                               require_same=False).values()
+                 if math.isfinite(d)]
         s = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else math.nan
         ratio = resplit.test_train_ratio
         for factor in SUBJECT_FACTORS:

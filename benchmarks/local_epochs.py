@@ -13,22 +13,25 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import (
     LABELS,
     Benchmark,
     Budget,
     float_list,
-    line_plot,
     make_parser,
     markdown_table,
     mean_std,
-    run,
-    selected,
     strategy_config,
 )
+from _plots import line_plot
+from _sweep import gap, summary, sweep
 
-from fedbn_med.evaluation.comparison import format_interval
+from fedbn_med.evaluation.tables import format_stats
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
 
 NAME = "local_epochs"
 STRATEGIES = ("fedbn", "fedavg", "fedprox")
@@ -57,33 +60,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(e > budget for e in epochs):
         parser.error(f"every E in --epochs must be at most the epoch budget --rounds "
                      f"{budget}, got {','.join(map(str, epochs))}")
-    # acc[label][E] = mean test balanced accuracy over sites at the selected round, per cell
-    acc: dict[str, dict[int, list[float]]] = {LABELS[s]: {e: [] for e in epochs}
-                                              for s in STRATEGIES}
-    grid = [(s, e, fold, seed) for e in epochs for s in STRATEGIES
-            for fold, seed in bench.cells]
-    for strategy, e, fold, seed in bench.progress(grid):
-        config = strategy_config(bench, strategy, fold=fold, seed=seed, local_epochs=e,
-                                 rounds=max(1, budget // e))
-        acc[LABELS[strategy]][e].append(selected(run(config)))
 
-    gap = [[fb - fa for fb, fa in zip(acc["FedBN"][e], acc["FedAvg"][e])] for e in epochs]
-    header = ["E", "rounds", *[f"{label} (%)" for label in acc], "FedBN - FedAvg (pp)"]
-    body = [[e, max(1, budget // e), *[format_interval(acc[label][e]) for label in acc],
-             format_interval(g, signed=True)] for e, g in zip(epochs, gap)]
+    def spec(e: int, strategy: str, fold: int, seed: int) -> RunSpec:
+        return strategy_config(bench, strategy, fold=fold, seed=seed, local_epochs=e,
+                               rounds=max(1, budget // e))
+
+    comparisons = sweep(bench, epochs, STRATEGIES, spec)
+
+    def acc(strategy: str, e: int) -> dict[tuple[int, int], float]:
+        """Return the cells' mean test balanced accuracy over sites at the selected round."""
+        return comparisons[e].values(strategy, "best", "balanced_accuracy")
+
+    header = ["E", "rounds", *[f"{LABELS[s]} (%)" for s in STRATEGIES], "FedBN - FedAvg (pp)"]
+    body = [[e, max(1, budget // e),
+             *[format_stats(*summary(comparisons[e], s, ci="naive")) for s in STRATEGIES],
+             format_stats(*gap(comparisons[e], "fedbn", "fedavg", ci="naive"), signed=True)]
+            for e in epochs]
     table = (f"Test balanced accuracy at the round with the lowest mean validation loss, "
              f"mean over sites, mean [95 % CI] over (fold, seed) cells (naive: cells share "
              f"subjects, see interval_design.py); the gap is paired by cell; {budget} local "
              "epochs in total\n\n" + markdown_table(header, body))
-    rows = [{"local_epochs": e, "rounds": max(1, budget // e), "strategy": label,
+    rows = [{"local_epochs": e, "rounds": max(1, budget // e), "strategy": LABELS[s],
              "fold": fold, "seed": seed, "test_balanced_accuracy": round(value, 6)}
-            for label in acc for e in epochs
-            for (fold, seed), value in zip(bench.cells, acc[label][e])]
+            for s in STRATEGIES for e in epochs for (fold, seed), value in acc(s, e).items()]
 
     def plot(path: Path) -> Path:
-        series = {label: (list(epochs), [100 * mean_std(acc[label][e])[0] for e in epochs],
-                          [100 * mean_std(acc[label][e])[1] for e in epochs])
-                  for label in acc}
+        series = {LABELS[s]: (list(epochs),
+                              [100 * mean_std(acc(s, e).values())[0] for e in epochs],
+                              [100 * mean_std(acc(s, e).values())[1] for e in epochs])
+                  for s in STRATEGIES}
         return line_plot(path, series, xlabel="local epochs E (log scale)", xlog=True,
                          ylabel="test balanced accuracy (%)",
                          title=f"ABIDE, {budget} local epochs in total")

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from _common import LABELS, Benchmark, Budget, make_parser, publish_site_comparison, strategy_config
+from _common import LABELS, Benchmark, Budget, make_parser, strategy_config
+from _sweep import publish_site_comparison
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")

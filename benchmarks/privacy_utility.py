@@ -23,15 +23,14 @@ from _common import (
     LABELS,
     Benchmark,
     Budget,
-    Panel,
     format_mean_std,
-    line_panels,
     make_parser,
     markdown_table,
     mean_std,
     run,
     selected,
 )
+from _plots import Panel, line_panels
 
 NAME = "privacy_utility"
 STRATEGIES = ("fedbn", "fedavg")

@@ -18,7 +18,7 @@ corrected resampled-t interval, and the Kaplan-Meier median rounds.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +29,16 @@ from _common import (
     Budget,
     curve,
     float_list,
-    line_plot,
     make_parser,
     markdown_table,
-    run,
     strategy_config,
 )
+from _plots import line_plot
+from _sweep import run_grid
 
-from fedbn_med.evaluation.comparison import format_stats
-from fedbn_med.evaluation.stats import corrected_t_interval
+from fedbn_med.evaluation.intervals import corrected_t_interval
+from fedbn_med.evaluation.pairing import paired_differences
+from fedbn_med.evaluation.tables import format_stats
 
 NAME = "rounds_to_target"
 STRATEGIES = ("fedbn", "fedavg")
@@ -88,6 +89,11 @@ def restricted(rounds: Sequence[int | None], horizon: int) -> list[float]:
     return [float(horizon if r is None else r) for r in rounds]
 
 
+def _restricted_by_cell(rounds: Mapping[tuple[int, int], int | None], horizon: int
+                        ) -> dict[tuple[int, int], float]:
+    return dict(zip(rounds, restricted(list(rounds.values()), horizon)))
+
+
 def _ratio() -> float:
     return 1.0 / (N_FOLDS - 1)
 
@@ -113,33 +119,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--window must be a positive integer, got {bench.args.window}")
     metric = f"val_{bench.args.metric}"
     horizon = bench.args.rounds
-    per_cell: dict[str, list[np.ndarray]] = {LABELS[s]: [] for s in STRATEGIES}
-    grid = [(s, fold, seed) for s in STRATEGIES for fold, seed in bench.cells]
-    for strategy, fold, seed in bench.progress(grid):
-        history = run(strategy_config(bench, strategy, fold=fold, seed=seed))
-        per_cell[LABELS[strategy]].append(smoothed(curve(history, metric), bench.args.window))
+    # per_cell[label][(fold, seed)] = the run's smoothed validation curve
+    per_cell: dict[str, dict[tuple[int, int], np.ndarray]] = {LABELS[s]: {} for s in STRATEGIES}
+    runs = run_grid(bench, (None,), STRATEGIES,
+                    lambda _, s, fold, seed: strategy_config(bench, s, fold=fold, seed=seed))
+    for _, strategy, fold, seed, history in runs:
+        per_cell[LABELS[strategy]][fold, seed] = smoothed(curve(history, metric),
+                                                          bench.args.window)
     n_cells = len(bench.cells)
 
     body, rows = [], []
     for target in bench.args.targets:
-        reach = {lb: [rounds_to(c, target) for c in cs] for lb, cs in per_cell.items()}
-        bn, avg = restricted(reach["FedBN"], horizon), restricted(reach["FedAvg"], horizon)
-        diff = [a - b for a, b in zip(avg, bn)]
-        medians = {lb: km_median(r, horizon) for lb, r in reach.items()}
-        hit = {lb: sum(r is not None for r in rs) for lb, rs in reach.items()}
-        body.append([f"{100 * target:g}", _fmt(bn), _fmt(avg), _fmt(diff, signed=True),
+        reach = {lb: {k: rounds_to(c, target) for k, c in cs.items()}
+                 for lb, cs in per_cell.items()}
+        bn, avg = (_restricted_by_cell(reach[lb], horizon) for lb in ("FedBN", "FedAvg"))
+        diff = list(paired_differences(avg, bn).values())
+        medians = {lb: km_median(list(r.values()), horizon) for lb, r in reach.items()}
+        hit = {lb: sum(r is not None for r in rs.values()) for lb, rs in reach.items()}
+        body.append([f"{100 * target:g}", _fmt(list(bn.values())), _fmt(list(avg.values())),
+                     _fmt(diff, signed=True),
                      *[str(m) if m is not None else f"> {horizon}"
                        for m in (medians["FedBN"], medians["FedAvg"])],
                      f"{hit['FedBN']}/{hit['FedAvg']} of {n_cells}"])
         mean, low, high = corrected_t_interval(diff, _ratio())
         rows.append({"target": target, "metric": metric,
-                     "restricted_rounds_fedbn": float(np.mean(bn)),
-                     "restricted_rounds_fedavg": float(np.mean(avg)),
+                     "restricted_rounds_fedbn": float(np.mean(list(bn.values()))),
+                     "restricted_rounds_fedavg": float(np.mean(list(avg.values()))),
                      "fedavg_minus_fedbn": mean, "ci_low": low, "ci_high": high,
                      "km_median_fedbn": medians["FedBN"], "km_median_fedavg": medians["FedAvg"],
                      "cells_fedbn": hit["FedBN"], "cells_fedavg": hit["FedAvg"],
                      "cells": n_cells, "horizon": horizon})
-    mean_curve = {lb: np.mean(cs, axis=0) for lb, cs in per_cell.items()}
+    mean_curve = {lb: np.mean(list(cs.values()), axis=0) for lb, cs in per_cell.items()}
     best = {lb: float(np.max(c)) for lb, c in mean_curve.items()}
     header = [f"target {metric} (%)", "FedBN rounds", "FedAvg rounds",
               "FedAvg - FedBN (rounds, paired)", "FedBN median (KM)", "FedAvg median (KM)",

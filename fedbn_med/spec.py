@@ -27,8 +27,8 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 from fedbn_med.fl.privacy import UpdatePrivacy
-from fedbn_med.fl.rounds import WEIGHTINGS
 from fedbn_med.fl.strategies import Strategy, get_strategy
+from fedbn_med.fl.weighting import WEIGHTINGS
 from fedbn_med.tasks import TASK_NAMES
 
 __all__ = [

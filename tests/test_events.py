@@ -8,32 +8,73 @@ import pytest
 
 from fedbn_med.federation import events
 
-
-@pytest.mark.parametrize("event", [
+#: One event of every kind, with every field set: what the round-trip test writes.
+EVERY_KIND = [
     events.ForkRequest(argv=["--superlink", "127.0.0.1:1"], log="/x/site.log",
                        env={"OMP_NUM_THREADS": "1"}),
     events.HostReady(pid=12, cuda_initialized=False),
     events.SiteForked(pid=13, cuda_initialized=False),
+    events.HostRefused(reason="no such program"),
     events.SiteExited(pid=13, code=-9),
     events.NodeReady(site="NYU", node_id=123456789012, pid=13),
+    events.NodeLost(site="NYU", reason="connection reset", pid=13),
     events.NodeFailed(site="NYU", reason="no server", pid=13),
-    events.Trained(round=2, seconds=0.4, empty_polls=3, sites=["NYU"], missing=["UM"],
-                   private_hashes={"NYU": "ab"}),
-    events.Round(round=1, sites={"NYU": {"test_accuracy": 0.5}}),
+    events.ServerStarted(),
+    events.TrackingWarm(),
+    events.TrackingReady(),
+    events.Ready(sites=["NYU", "UM"]),
+    events.Joined(site="NYU", node=5, resumed_round=0, private_hash="ab"),
     events.Rejoined(site="USM", node=7, resumed_round=2, private_hash="cd"),
+    events.SiteError(node=9, reason="data missing"),
+    events.SiteRefused(site="UM", node=8, reason="shape (N, 3)"),
+    events.UpdateRefused(round=2, site="UM", reason="'w' holds NaN or Inf"),
+    events.Trained(round=2, seconds=0.4, empty_polls=3, sites=["NYU"], missing=["UM"],
+                   private_hashes={"NYU": "ab"}, shares={"NYU": 1.0}, norms={"NYU": 0.1}),
+    events.Round(round=1, sites={"NYU": {"test_accuracy": 0.5}}),
+    events.EvaluationRefused(site="UM", reason="its metric 'test_auc' (eval) is nan"),
     events.Done(table="| NYU |"),
-])
-def test_an_event_survives_its_line(event):
+    events.RunFailed(reason="Round 2: only 1 sites' updates were accepted"),
+]
+
+
+def test_the_round_trip_covers_every_kind():
+    assert sorted(type(e).kind for e in EVERY_KIND) == sorted(events.kinds())
+
+
+@pytest.mark.parametrize("event", EVERY_KIND, ids=lambda e: type(e).kind)
+def test_every_event_survives_its_line_as_its_class(event, tmp_path):
     line = events.encode(event)
     assert line.endswith("\n") and line.count("\n") == 1
-    assert events.decode(line) == event
+    back = events.decode(line)  # strict: every field fits the class
+    assert type(back) is type(event) and back == event
+    # as a reader of progress.jsonl or a pipe sees it, and as the launcher hands it on
+    path = tmp_path / "progress.jsonl"
+    events.append_event(path, event)
+    assert list(events.read_events(path.read_text().splitlines())) == [event]
+    assert events.decode(back.as_dict()) == event
+    read_end, write_end = os.pipe()
+    try:
+        assert events.emit(write_end, event)
+        assert events.decode(os.read(read_end, 65536)) == event
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 def test_as_dict_keeps_the_progress_file_layout():
     event = events.Trained(round=3, seconds=1.0, empty_polls=0, sites=["NYU"], missing=[], t=5.0)
     assert event.as_dict() == {"event": "trained", "round": 3, "seconds": 1.0,
                                "empty_polls": 0, "sites": ["NYU"], "missing": [],
-                               "private_hashes": {}, "t": 5.0}
+                               "private_hashes": {}, "shares": {}, "norms": {}, "t": 5.0}
+
+
+def test_events_of_an_older_server_still_decode():
+    # a site-refused line of a server that did not name the node
+    old = events.decode('{"event":"site-refused","site":"UM","reason":"r","t":1.0}')
+    assert old == events.SiteRefused(site="UM", reason="r", node=None, t=1.0)
+    trained = events.decode('{"event":"trained","round":1,"seconds":0.1,"empty_polls":0,'
+                            '"sites":[],"missing":[],"t":1.0}')
+    assert isinstance(trained, events.Trained) and trained.shares == {} == trained.norms
 
 
 def test_unknown_kinds_and_newer_fields_do_not_break_a_reader():

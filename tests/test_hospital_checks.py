@@ -9,7 +9,8 @@ import torch
 
 from fedbn_med.federation.config import ServerSettings
 from fedbn_med.federation.server.checks import metrics_reason
-from fedbn_med.fl.rounds import Reply, close_round, num_examples_reason
+from fedbn_med.fl.reply_checks import num_examples_reason
+from fedbn_med.fl.rounds import Reply, close_round
 from fedbn_med.fl.strategies import get_strategy
 
 

@@ -77,8 +77,8 @@ def test_partition_finds_the_unets_batchnorm_by_type(mode: str, bn_type: type) -
 def test_training_items_are_3d_patches_and_scoring_uses_whole_volumes(federation) -> None:
     trainers, _, config = federation
     trainer = trainers["SiteA"]
-    assert isinstance(trainer.inferer, SlidingWindowInferer)
-    assert trainer.inferer.roi_size == (16, 16, 16)
+    assert isinstance(trainer.objective.inferer, SlidingWindowInferer)
+    assert trainer.objective.inferer.roi_size == (16, 16, 16)
     patches = trainer.data.train[0]
     assert isinstance(patches, list) and len(patches) == TINY["patches"]
     for patch in patches:
@@ -127,7 +127,7 @@ def test_the_2d_slice_mode_stays_an_option(data_root: Path) -> None:
                             sites=("SiteA",), device="cpu", image_size=24, subjects=6,
                             slices=2)
     trainer = get_task("mri").build_site("SiteA", spec, data_root, "cpu")
-    assert isinstance(trainer.inferer, SliceInferer)
+    assert isinstance(trainer.objective.inferer, SliceInferer)
     assert tuple(trainer.data.train[0][0]["image"].shape) == (1, 24, 24)
     trainer.fit({}, {"round": 1})
     scores = trainer.score({})

@@ -30,6 +30,11 @@ def _ip(*args: str, ns: str | None = None) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
 
+def _inside(ns: str) -> list[str]:
+    """The command prefix that runs a process in network namespace ``ns``."""
+    return ["ip", "netns", "exec", ns]
+
+
 def _namespaces_work() -> bool:
     if shutil.which("ip") is None or os.geteuid() != 0:
         return False
@@ -79,11 +84,11 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
     cut = {}
     # the server namespace is new and empty: any port is free there
     with LocalFederation(tmp_path / "fed", host=f"{SUBNET}.1", port=free_port(),
-                         netns=server_ns) as fed:
+                         prefix=_inside(server_ns)) as fed:
         fed.start_superlink()
         for site in SITES:
             fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1,
-                           netns=site_ns[site])
+                           prefix=_inside(site_ns[site]))
         fed.wait_sites_ready(list(SITES), timeout=180)
 
         def on_event(event):

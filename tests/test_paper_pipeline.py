@@ -16,6 +16,7 @@ from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.settings import OPTIMIZERS
 from fedbn_med.tasks.abide.transforms import SlidingWindowConnectivity
+from fedbn_med.training.optim import Adam
 from fedbn_med.training.trainer import OPTIMISERS, SiteData, SiteTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,9 @@ def test_adam_with_weight_decay_trains_and_sgd_decay_shrinks_weights():
     start = adam.model.net[0].weight.detach().clone()
     adam.fit({}, {"round": 1})
     adam.fit({}, {"round": 2})
-    assert adam._adam is not None and adam._adam.defaults["weight_decay"] == 5e-2
+    assert isinstance(adam.optimiser, Adam)
+    torch_adam = adam.optimiser.torch_optimiser
+    assert torch_adam is not None and torch_adam.defaults["weight_decay"] == 5e-2
     assert not torch.allclose(start, adam.model.net[0].weight)
     with pytest.raises(ValueError, match=r"optimiser must be one of sgd, adam, got 'lbfgs'"):
         SiteTrainer("A", AbideMLP(8), data, get_strategy("fedbn"), optimiser="lbfgs")

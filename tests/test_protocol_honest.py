@@ -12,18 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedbn_med.evaluation.comparison import (
-    MAJORITY,
-    MOTION,
-    Cell,
-    Comparison,
-    PreparedSite,
-    best_round,
-    compare,
-    reference_cells,
-    run_cell,
-)
+from fedbn_med.evaluation.cell_data import PreparedSite
+from fedbn_med.evaluation.comparison import MAJORITY, MOTION, Cell, Comparison, best_round
 from fedbn_med.evaluation.metrics import classification_metrics
+from fedbn_med.evaluation.references import reference_cells
+from fedbn_med.evaluation.runner import compare, run_cell
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import prepare_site_data
 from fedbn_med.tasks.abide.sites import load_sites
@@ -267,7 +260,7 @@ def test_seeded_noise_repeats_and_private_noise_does_not() -> None:
 def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
                                                 small_cohort: Path) -> None:
     """What --compare adds to Flower runs: the same reference cells, drawn the same way."""
-    from fedbn_med.evaluation.comparison import add_reference_rows
+    from fedbn_med.evaluation.references import add_reference_rows
 
     spec = RunSpec.for_task("abide", sites=SITES, data_dir=small_cohort)
     alone = Comparison(sites=SITES)
@@ -283,15 +276,15 @@ def test_a_method_that_transforms_features_gets_them_in_the_comparison(
     # The comparison shares whole-series features between its methods; a baseline whose
     # strategy z-scores each site (fedavg_sitez) must still train on z-scored rows, fitted
     # on the training split, on the same split as the others.
-    from fedbn_med.evaluation.comparison import _with_features, prepare_sites
+    from fedbn_med.evaluation.cell_data import prepare_sites, with_features
 
     sites = load_sites(["UCLA", "USM"])
     plain = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
                              strategy="fedavg")
     prepared = prepare_sites(plain, sites)
-    assert _with_features(plain, prepared, sites) is prepared
+    assert with_features(plain, prepared, sites) is prepared
     zspec = plain.replace(strategy="fedavg_sitez")
-    z = _with_features(zspec, prepared, sites)
+    z = with_features(zspec, prepared, sites)
     for name in sites:
         x = z[name].data.train[0].numpy()
         assert np.allclose(x.mean(0), 0.0, atol=1e-4)

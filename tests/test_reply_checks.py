@@ -17,20 +17,23 @@ from fedbn_med.federation.server.checks import (
     SCORE_RANGES,
     evaluate_reason,
     metrics_reason,
+    read_evaluate,
+    read_query,
+    read_train,
+    refusal,
     score_names,
     train_reason,
 )
-from fedbn_med.fl.rounds import (
+from fedbn_med.fl.reply_checks import (
     HISTORY_SHARE,
     OUTLIER_FACTOR,
-    Reply,
-    capped_weights,
     check_reply,
-    close_round,
     outlier_reason,
     update_norm,
 )
+from fedbn_med.fl.rounds import Reply, close_round
 from fedbn_med.fl.strategies import FedAvg, FedBN
+from fedbn_med.fl.weighting import capped_weights
 from fedbn_med.tasks import TASK_NAMES, get_task
 
 GLOBAL = {"w": torch.zeros(3, 2), "nbt": torch.tensor(4, dtype=torch.int64)}
@@ -138,6 +141,64 @@ def test_every_tasks_metrics_have_a_range_and_are_what_its_trainer_names():
     assert get_task("abide").score_metrics == get_task("xray").score_metrics == METRIC_NAMES
     assert set(get_task("mri").score_metrics) == {
         "dice", "loss", *(f"dice_{c}" for c in TISSUE_CLASSES[1:])}
+
+
+# ------------------------------------------------------------------ a node's query reply
+QUERY = {"site": "NYU", "input-shape": [6105], "resumed-round": 0, "private-hash": HASH,
+         "num-train": 80, "device": "cpu"}
+
+
+def test_a_sound_query_reply_reads_as_site_info():
+    info = read_query(pack(info=QUERY))
+    assert (info.site, info.input_shape, info.resumed_round) == ("NYU", (6105,), 0)
+    assert read_query(pack(info={**QUERY, "private-hash": ""})).private_hash == ""
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("site", "../../etc", "its site name '../../etc' is not 1 to 64 letters, digits"),
+    ("site", "N" * 5000, "is not 1 to 64 letters"),
+    ("site", 7, "its site name 7 is not"),
+    ("input-shape", [6105.5], "its input-shape [6105.5] is not 1 to 8 whole numbers from 1"),
+    ("input-shape", [0], "its input-shape [0] is not"),
+    ("input-shape", [True], "its input-shape [True] is not"),
+    ("input-shape", [1] * 9, "is not 1 to 8 whole numbers"),
+    ("input-shape", [], "its input-shape [] is not"),
+    ("resumed-round", -1, "its resumed-round -1 is not a whole number from 0"),
+    ("resumed-round", "5", "its resumed-round '5' is not a whole number from 0"),
+    ("private-hash", "x" * 10_000, "is not a SHA-256 in hex"),
+])
+def test_a_query_reply_is_checked_before_anything_is_kept(key, value, message):
+    with pytest.raises(ValueError) as err:
+        read_query(pack(info={**QUERY, key: value}))
+    assert message in str(err.value) and len(str(err.value)) < 200
+
+
+def test_a_query_reply_without_a_site_is_refused():
+    with pytest.raises(ValueError, match="its site name None is not"):
+        read_query(pack(info={k: v for k, v in QUERY.items() if k != "site"}))
+
+
+def test_train_and_evaluate_replies_read_as_checked_values():
+    scores = score_names(get_task("abide").score_metrics)
+    sent = {"w": torch.ones(3, 2)}
+    read = read_train(pack(sent, metrics={"num-examples": 10, "train_loss": 0.7, "setups": 1,
+                                          "dp_epsilon": 2.0},
+                           eval={"test_auc": 0.6}, state={"private-hash": HASH, "round": 2}),
+                      "NYU", scores)
+    assert read.update.site == "NYU" and read.update.num_examples == 10
+    assert torch.equal(read.update.weights["w"], sent["w"])
+    assert read.fits == {"num_examples": 10, "train_loss": 0.7, "setups": 1,
+                         "dp_epsilon": 2.0}
+    assert read.evals == {"test_auc": 0.6} and read.private_hash == HASH
+    bare = read_train(pack(sent, metrics={"num-examples": 10, "train_loss": 0.7}), "UM", scores)
+    assert bare.evals is None and bare.private_hash is None and bare.fits["setups"] == 0.0
+    with pytest.raises(ValueError, match="lacks train_loss"):
+        read_train(pack(sent, metrics={"num-examples": 3}), "UM", scores)
+    assert read_evaluate(pack(metrics={"val_loss": 0.5}), scores) == {"val_loss": 0.5}
+    with pytest.raises(ValueError, match="holds only metrics"):
+        read_evaluate(pack(metrics={}, eval={"val_loss": 0.5}), scores)
+    assert refusal(KeyError("x" * 900)).startswith("KeyError: ") \
+        and len(refusal(ValueError("y" * 900))) == 500
 
 
 # ------------------------------------------------------------------ item 6: values

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedbn_med.fl.rounds import Reply, close_round, outlier_reason, plan_round, update_norm
+from fedbn_med.fl.reply_checks import outlier_reason, update_norm
+from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.strategies import FedAvg, FedBN, SingleSet
 
 GLOBAL = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}

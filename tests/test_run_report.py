@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fedbn_med.evaluation.comparison import best_round
+from fedbn_med.evaluation.intervals import wilson_interval
 from fedbn_med.evaluation.metrics import METRIC_NAMES
 from fedbn_med.evaluation.report import metrics_at, run_result
-from fedbn_med.evaluation.stats import wilson_interval
 from fedbn_med.federation.server.checks import metrics_reason, score_names
 from fedbn_med.fl.strategies import FedBN, SingleSet
 from fedbn_med.tasks import get_task

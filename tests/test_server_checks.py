@@ -7,7 +7,7 @@ import torch
 from flwr.app import RecordDict
 
 from fedbn_med.federation.records import pack, unpack
-from fedbn_med.fl.rounds import check_reply
+from fedbn_med.fl.reply_checks import check_reply
 
 EXPECTED = {"w": torch.zeros(3, 2), "b": torch.zeros(2)}
 
@@ -78,7 +78,7 @@ def test_unpack_refuses_a_layout_that_does_not_fit():
     ({"round": 3, "norm_reference": float("nan")}, "'norm_reference' must be a finite number"),
 ])
 def test_a_damaged_checkpoint_names_itself_and_the_value(tmp_path, meta, message):
-    from fedbn_med.federation.server.rounds import resume_point
+    from fedbn_med.federation.server.recorder import resume_point
 
     path = tmp_path / "global.safetensors"
     with pytest.raises(ValueError, match="Checkpoint .*global.safetensors") as err:

@@ -1,4 +1,4 @@
-"""Honest intervals and paired subject-level tests (fedbn_med.evaluation.stats)."""
+"""Honest intervals and paired subject-level tests (evaluation.intervals, .paired_tests)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
 from fedbn_med.evaluation.metrics import roc_auc
-from fedbn_med.evaluation.stats import (
+from fedbn_med.evaluation.paired_tests import (
     balanced_accuracy,
     bootstrap_difference,
-    corrected_t_interval,
     delong,
     mcnemar,
-    naive_t_interval,
 )
 
 
@@ -132,7 +131,7 @@ def test_corrected_interval_covers_where_the_naive_one_does_not() -> None:
 
 
 def test_repeated_bootstrap_estimates_the_mean_over_repetitions() -> None:
-    from fedbn_med.evaluation.stats import bootstrap_repeated_difference
+    from fedbn_med.evaluation.paired_tests import bootstrap_repeated_difference
 
     rng = np.random.default_rng(4)
     y = np.tile([0, 1], 30)
@@ -164,7 +163,7 @@ def test_repeated_bootstrap_estimates_the_mean_over_repetitions() -> None:
 
 @pytest.mark.parametrize("successes, n", [(0, 10), (8, 12), (12, 12), (27, 56), (1, 1)])
 def test_wilson_interval_equals_scipys(successes: int, n: int) -> None:
-    from fedbn_med.evaluation.stats import wilson_interval
+    from fedbn_med.evaluation.intervals import wilson_interval
 
     want = scipy_stats.binomtest(successes, n).proportion_ci(0.95, method="wilson")
     assert wilson_interval(successes, n) == pytest.approx((want.low, want.high), abs=1e-12)

@@ -28,9 +28,11 @@ def _trainer(context: Context) -> SiteTrainer:
             raise ValueError(f"The SuperNode's --node-config lacks '{key}' (expected "
                              "\"site='NYU' data-path='/dir/with/ABIDE_pcp'\").")
     data_path = str(context.node_config["data-path"])
-    return get_task("abide").build_site(
+    trainer = get_task("abide").build_site(
         str(context.node_config["site"]), run_spec(context.run_config),
         Path(data_path) if data_path else None, "auto")
+    trainer.pin_threads()  # the spec's thread count, as every engine sets it
+    return trainer
 
 
 @app.train()

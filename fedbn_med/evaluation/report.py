@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from fedbn_med.evaluation.comparison import best_round, format_interval
+from fedbn_med.evaluation.comparison import best_round
+from fedbn_med.evaluation.tables import format_interval, markdown_table
 
 __all__ = ["RunResult", "convergence_plot", "metrics_at", "paper_table", "paper_table_csv",
            "result_columns", "run_result", "site_table"]
@@ -65,7 +66,7 @@ def result_columns(final: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
 
 
 def _wilson_cell(metrics: Mapping[str, float], value: float) -> str:
-    from fedbn_med.evaluation.stats import wilson_interval
+    from fedbn_med.evaluation.intervals import wilson_interval
 
     n = metrics.get("test_n", math.nan)
     if math.isnan(value) or not (math.isfinite(n) and n >= 1):
@@ -98,7 +99,7 @@ def site_table(
     extra = [c for c in _LAST if last and any(c in m for m in last.values())]
     header = ["site", *[_header(c, final) for c in columns],
               *[f"{last_label}: {_header(c, {}).split(' [')[0]}" for c in extra]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for site in final:
         row = [site]
         for col in columns:
@@ -110,7 +111,7 @@ def site_table(
             else:
                 row.append(_fmt(value, col not in _EPSILONS))
         row += [_fmt(float((last or {}).get(site, {}).get(c, math.nan)), True) for c in extra]
-        lines.append("| " + " | ".join(row) + " |")
+        body.append(row)
     mean_row = ["mean"]
     for table, cols in ((final, columns), (last or {}, extra)):
         for col in cols:
@@ -122,8 +123,7 @@ def site_table(
                 mean_row.append(_fmt(max(vals), False) if vals else "n/a")
             else:
                 mean_row.append(_fmt(float(np.mean(vals)), True) if vals else "n/a")
-    lines.append("| " + " | ".join(mean_row) + " |")
-    return "\n".join(lines)
+    return markdown_table(header, [*body, mean_row])
 
 
 def metrics_at(rows: Sequence[Mapping[str, Any]], rnd: int,
@@ -238,8 +238,7 @@ def paper_table(
         Column order.
     """
     header = ["method", *sites, "mean"]
-    lines = [f"{metric} (%), mean [95 % CI] over runs", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for method, per_site in results.items():
         row = [method]
         means = []
@@ -249,8 +248,8 @@ def paper_table(
             row.append(format_interval(values))
         finite = [m for m in means if not math.isnan(m)]
         row.append(f"{100 * float(np.mean(finite)):.1f}" if finite else "n/a")
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        body.append(row)
+    return f"{metric} (%), mean [95 % CI] over runs\n\n" + markdown_table(header, body)
 
 
 def csv_text(rows: Sequence[Mapping[str, object]]) -> str:

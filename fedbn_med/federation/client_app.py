@@ -117,7 +117,7 @@ class SiteRuntime:
                              f"from 1 to its round {rnd}, got {trained!r}. This is not a file "
                              "the site wrote.")
         tensors, controls = split_controls(tensors)
-        self.trainer._load(tensors, allowed=self.kept_keys)
+        self.trainer.load_kept(tensors)
         self.trainer.load_site_state(join_controls({}, controls), meta)
         self.trainer.rounds_trained = rnd
         self.trained = set(trained) | ({rnd} if rnd > 0 else set())
@@ -247,6 +247,7 @@ def runtime(context: Context) -> SiteRuntime:
         ledger = PrivacyLedger(Path(node.state_dir) / f"{node.site}.dp_ledger.json", node.site)
         task = get_task(config.task)
         trainer = task.build_site(node.site, config, node.data_dir, node.device)
+        trainer.pin_threads()  # this site's process computes with the spec's threads
         # The site's own policy, on the keys its strategy would actually send.
         if trainer.exchanged & trainer.partition.private and not node.share_private:
             raise PermissionError(_refusal(node.site, config.strategy))
@@ -287,7 +288,7 @@ def query(msg: Message, context: Context) -> Message:
         "private-hash": rt.kept_hash(),
         "device": str(rt.trainer.device),
     }
-    return Message(pack(info=info), reply_to=msg)  # type: ignore[arg-type]
+    return Message(pack(info=info), reply_to=msg)
 
 
 @app.train()

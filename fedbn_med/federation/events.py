@@ -27,10 +27,11 @@ from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "Done", "Event", "ForkRequest", "HostReady", "HostRefused", "Joined", "NodeFailed",
-    "NodeLost", "NodeReady", "Ready", "Rejoined", "Round", "RunFailed", "ServerStarted",
+    "EvaluationRefused", "NodeLost", "NodeReady", "Ready", "Rejoined", "Round", "RunFailed",
+    "ServerStarted",
     "SiteError", "SiteExited", "SiteForked", "SiteRefused", "Trained", "TrackingReady",
     "TrackingWarm", "Unknown", "UpdateRefused", "append_event", "decode", "emit", "encode",
-    "read_events",
+    "kinds", "read_events",
 ]
 
 # A pipe write of at most this many bytes is atomic (POSIX PIPE_BUF): several site
@@ -45,6 +46,11 @@ E = TypeVar("E", bound="Event")
 def _register(cls: type[E]) -> type[E]:
     _KINDS[cls.kind] = cls
     return cls
+
+
+def kinds() -> dict[str, type[Event]]:
+    """Return every event class :func:`decode` knows, by the name it is written under."""
+    return dict(_KINDS)
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,11 @@ class Ready(Event):
 @_register
 @dataclass(frozen=True)
 class Joined(Event):
-    """A site's node answered the query and takes part."""
+    """A site's node answered the query and takes part.
+
+    ``resumed_round`` is the round whose private state the site resumed (0: none), or -1
+    when a waiting node took over its site without a fresh query (:class:`Rejoined`).
+    """
 
     kind: ClassVar[str] = "joined"
     site: str
@@ -211,11 +221,15 @@ class SiteError(Event):
 @_register
 @dataclass(frozen=True)
 class SiteRefused(Event):
-    """A site was refused (its data does not fit the model)."""
+    """A node's claim to be a site was refused (wrong key, data that do not fit, or served).
+
+    ``node`` is None only in files written before the field existed.
+    """
 
     kind: ClassVar[str] = "site-refused"
     site: str
     reason: str
+    node: int | None = None
 
 
 @_register
@@ -241,6 +255,9 @@ class Trained(Event):
     sites: list[str]
     missing: list[str]
     private_hashes: dict[str, str] = field(default_factory=dict)
+    #: each accepted site's share of the average, and every checked update's norm
+    shares: dict[str, float] = field(default_factory=dict)
+    norms: dict[str, float] = field(default_factory=dict)
 
 
 @_register
@@ -251,6 +268,16 @@ class Round(Event):
     kind: ClassVar[str] = "round"
     round: int
     sites: dict[str, dict[str, float]]
+
+
+@_register
+@dataclass(frozen=True)
+class EvaluationRefused(Event):
+    """A site's final scores were refused; the run's results go on without them."""
+
+    kind: ClassVar[str] = "evaluation-refused"
+    site: str
+    reason: str
 
 
 @_register
@@ -355,6 +382,16 @@ def read_events(lines: Iterable[str | bytes], strict: bool = True) -> Iterator[E
 
 
 def append_event(path: Path, event: Event) -> None:
-    """Append one event to a JSON-lines file (the run's ``progress.jsonl``)."""
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(encode(event))
+    """Append one event to a JSON-lines file (the run's ``progress.jsonl``).
+
+    The line goes out in one ``write`` on a file opened for appending, so events written
+    by two threads (the server's rounds and its tracking thread) never interleave.
+    """
+    line = encode(event).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        written = os.write(fd, line)
+        while written < len(line):  # a short write (a full disk, a signal): finish the line
+            written += os.write(fd, line[written:])
+    finally:
+        os.close(fd)

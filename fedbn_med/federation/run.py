@@ -5,14 +5,17 @@ These are the library functions behind ``pipelines/abide_fedbn.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -28,22 +31,47 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FlowerOptions:
-    """How to run the federation's processes (not what to train)."""
+    """How to run the federation's processes (not what to train).
 
-    workdir: Path
-    tracking_uri: str
+    Attributes
+    ----------
+    server : ServerSettings
+        What the server's ServerApp is told (workdir, tracking store, timeouts, ...).
+        :func:`run_flower` gives each run a folder and federation id of its own under
+        its ``workdir`` and ``federation_id``.
+    host, port : str, int or None
+        Where the server listens (a free port when None).
+    tls : TlsFiles, optional
+        Serve over TLS with these files.
+    node_auth : bool
+        Admit only site nodes whose public key was registered.
+    progress : bool
+        Show a progress bar.
+    """
+
+    server: ServerSettings
     host: str = "127.0.0.1"
     port: int | None = None
-    min_sites: int = ServerSettings.min_sites
-    wait_timeout: float = ServerSettings.wait_timeout
-    round_timeout: float = ServerSettings.round_timeout
-    resume: bool = False
-    allow_join: bool = False
-    input_shape: tuple[int, ...] = ()
-    federation_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     tls: TlsFiles | None = None
     node_auth: bool = False
     progress: bool = True
+
+    @classmethod
+    def local(cls, workdir: Path, tracking_uri: str, *, progress: bool = True,
+              **server: Any) -> FlowerOptions:
+        """Return options for federations on this host, under a fresh federation id.
+
+        ``server`` are further :class:`ServerSettings` fields; the rest keep their
+        defaults.
+        """
+        settings = ServerSettings(**{"workdir": workdir, "tracking_uri": tracking_uri,
+                                     "federation_id": uuid.uuid4().hex[:12], **server})
+        return cls(settings, progress=progress)
+
+    @property
+    def workdir(self) -> Path:
+        """Return the server's workdir."""
+        return self.server.workdir
 
 
 class _Progress:
@@ -69,18 +97,14 @@ class _Progress:
             self.bar.write(f"warning: {event.get('site', event.get('node'))}: "
                            f"{event.get('reason')}")
 
+    def note(self, text: str) -> None:
+        # Shown with --quiet too (tqdm writes a line past a disabled bar): what the
+        # user must act on, such as the address the sites dial.
+        self.bar.write(text, file=sys.stdout)
+        sys.stdout.flush()
+
     def close(self) -> None:
         self.bar.close()
-
-
-def _run_config(config: RunSpec, options: FlowerOptions,
-                node_sites: dict[str, str] | None = None) -> dict[str, str]:
-    return run_config(config, ServerSettings(node_sites=node_sites or {},
-        workdir=options.workdir, tracking_uri=options.tracking_uri or "",
-        federation_id=options.federation_id, min_sites=options.min_sites,
-        wait_timeout=options.wait_timeout, round_timeout=options.round_timeout,
-        resume=options.resume, allow_join=options.allow_join,
-        input_shape=options.input_shape))
 
 
 def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]:
@@ -114,12 +138,12 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
         fed.start_superlink()
         for i, config in enumerate(configs):
             run_dir = options.workdir / f"run-{i}-{config.strategy_obj().label}-f{config.fold}"
-            run_opts = FlowerOptions(**{**options.__dict__, "workdir": run_dir,
-                                        "federation_id": f"{options.federation_id}-{i}"})
+            settings = dataclasses.replace(options.server, workdir=run_dir,
+                                           federation_id=f"{options.server.federation_id}-{i}")
             run_dir.mkdir(parents=True, exist_ok=True)
             progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)
             try:
-                run = fed.submit(_run_config(config, run_opts), results_dir=run_dir)
+                run = fed.submit(run_config(config, settings), results_dir=run_dir)
                 if i == 0:
                     # With "auto", the sites spread over the visible GPUs (site i on
                     # cuda:(i mod n)); each initialises CUDA itself, after the fork.
@@ -127,7 +151,7 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     for site in sites:
                         fed.start_site(site, data_dir=first.data_dir, device=devices[site],
                                        threads=threads, share_private=share_private)
-                    fed.wait_sites_ready(sites, timeout=options.wait_timeout)
+                    fed.wait_sites_ready(sites, timeout=options.server.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
                 results.append(fed.watch(run, on_event=progress, results_dir=run_dir))
@@ -161,19 +185,20 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
                                  f"{', '.join(missing)}; it lists {', '.join(sorted(keys))}.")
             folder = options.workdir / "site_keys"
             folder.mkdir(exist_ok=True)
-            for site in (sorted(keys) if options.allow_join else config.sites):
+            for site in (sorted(keys) if options.server.allow_join else config.sites):
                 public = folder / f"{site}.pub"
                 public.write_text(keys[site] + "\n")
                 node_sites[str(fed.register_site_key(public))] = site
         limit_file = options.workdir / "server" / "max_body"
         address = fed.start_gate(options.host, options.port or free_port(options.host),
                                  max_body_file=limit_file)
-        print(f"Federation server listening on {address} (Fleet API only); waiting up to "
-              f"{options.wait_timeout:.0f} s for sites {', '.join(config.sites)}", flush=True)
         progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)
+        progress.note(f"Federation server listening on {address} (Fleet API only); waiting "
+                      f"up to {options.server.wait_timeout:.0f} s for sites "
+                      f"{', '.join(config.sites)}")
         try:
-            run = fed.submit(_run_config(config, options, node_sites),
-                             results_dir=options.workdir)
+            settings = dataclasses.replace(options.server, node_sites=node_sites)
+            run = fed.submit(run_config(config, settings), results_dir=options.workdir)
             return fed.watch(run, on_event=progress, results_dir=options.workdir)
         finally:
             progress.close()

@@ -35,8 +35,12 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where noise is drawn: the run spec stays light
+    import torch
+
+    Weights = dict[str, torch.Tensor]
 
 __all__ = [
     "MAX_NOISE",
@@ -48,8 +52,6 @@ __all__ = [
     "noise_for_epsilon",
     "resolve_privacy",
 ]
-
-Weights = dict[str, torch.Tensor]
 
 #: Every site releases one update per round it takes part in: no subsampling.
 SAMPLE_RATE = 1.0
@@ -126,6 +128,8 @@ def clip_and_noise(update: Mapping[str, torch.Tensor], clip: float, noise: float
     The norm is over every tensor together (the update as one vector), in float64. The
     returned norm is the clean one: it stays at the site.
     """
+    import torch
+
     total = sum(float(torch.sum(t.double() ** 2)) for t in update.values())
     norm = total ** 0.5
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
@@ -208,6 +212,8 @@ class UpdatePrivacy:
         Integer tensors (BN's ``num_batches_tracked`` under FedAvg) carry no update: the
         received value is sent back.
         """
+        import torch
+
         floats = [k for k in sent if sent[k].dtype.is_floating_point]
         update = {k: sent[k].double() - start[k].double() for k in floats}
         if generator is None:

@@ -1,4 +1,4 @@
-"""One federated round, defined once: its plan, the checks on a reply, the aggregation.
+"""One federated round, defined once: its plan, the reply, the aggregation that closes it.
 
 Every engine runs a round the same way: the in-process driver, the Flower ServerApp,
 onboarding's quick federation and the benchmarks all call :func:`plan_round` and
@@ -10,59 +10,38 @@ A round, for every strategy that exchanges weights:
 1. the server sends the global values of the exchanged keys with a :class:`RoundPlan`;
 2. each site loads them under its own private layers, trains, and replies with its new
    exchanged values and its number of training examples (a :class:`Reply`);
-3. :func:`close_round` leaves out every reply that fails :func:`check_reply` (a private
-   key, keys, dtypes or shapes that differ from the model's, NaN or Inf) or whose update
-   norm is far above the other sites' and the run's history (:func:`outlier_reason`),
-   then averages the rest with :func:`weighted_average`; with ``max_share``, no site's
-   claimed count makes it weigh more than that share (:func:`capped_weights`);
+3. :func:`close_round` leaves out every reply that fails the checks of
+   :mod:`fedbn_med.fl.reply_checks` (a private key, keys, dtypes or shapes that differ
+   from the model's, NaN or Inf, an update norm far above the other sites' and the
+   run's history), then averages the rest with
+   :func:`~fedbn_med.fl.strategies.weighted_average`, each site weighed as
+   :mod:`fedbn_med.fl.weighting` says (with ``max_share``, no site's claimed count makes
+   it weigh more than that share);
 4. under SCAFFOLD, the server's control variate moves by the accepted sites' changes of
    theirs (:func:`update_control`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from fedbn_med.fl.reply_checks import (
+    HISTORY_SHARE,
+    check_reply,
+    lower_median,
+    num_examples_reason,
+    outlier_reason,
+    update_norm,
+)
 from fedbn_med.fl.strategies import Strategy, weighted_average
+from fedbn_med.fl.weighting import check_weighting, site_weights
 
-__all__ = [
-    "HISTORY_SHARE",
-    "MAX_EXAMPLES",
-    "OUTLIER_FACTOR",
-    "WEIGHTINGS",
-    "Reply",
-    "RoundOutcome",
-    "RoundPlan",
-    "capped_weights",
-    "check_reply",
-    "close_round",
-    "num_examples_reason",
-    "outlier_reason",
-    "plan_round",
-    "update_control",
-    "update_norm",
-    "weighted_average",
-]
+__all__ = ["Reply", "RoundOutcome", "RoundPlan", "close_round", "plan_round", "update_control"]
 
 Weights = dict[str, torch.Tensor]
-
-#: An update whose norm is over this many times the other sites' median is left out.
-OUTLIER_FACTOR = 50.0
-
-#: The outlier rule's reference never falls below this share of the largest median
-#: accepted norm of any earlier round: as training converges and the other sites'
-#: updates shrink, an honest site whose update shrinks more slowly is not left out.
-HISTORY_SHARE = 0.2
-
-#: How close_round may weigh the accepted updates (``RunSpec.weighting``).
-WEIGHTINGS = ("samples", "equal")
-
-#: More training examples than any site holds; a larger count is refused.
-MAX_EXAMPLES = 10**9
 
 
 @dataclass(frozen=True)
@@ -145,7 +124,8 @@ class RoundOutcome:
         Each accepted site's share of the average (they sum to 1).
     norms : dict of str to float
         The update norm (over the floating-point keys) of every reply that passed
-        :func:`check_reply`; integer counters are held to the outlier rule apart.
+        :func:`~fedbn_med.fl.reply_checks.check_reply`; integer counters are held to the
+        outlier rule apart.
     norm_reference : float
         The largest median accepted norm of this round and every earlier one: pass it to
         the next round's :func:`close_round` (a server checkpoints it).
@@ -158,125 +138,6 @@ class RoundOutcome:
     shares: dict[str, float] = field(default_factory=dict)
     norms: dict[str, float] = field(default_factory=dict)
     norm_reference: float = 0.0
-
-
-def check_reply(
-    weights: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-    private_keys: Iterable[str] = (),
-) -> str | None:
-    """Return why an update must be left out of the average, or None when it is sound.
-
-    Every key is checked, whatever its dtype: the dtype and shape must be the global
-    tensor's, and a floating-point tensor must hold no NaN or Inf (an integer one cannot).
-
-    Parameters
-    ----------
-    weights : mapping of str to tensor
-        What the site sent.
-    expected : mapping of str to tensor
-        The exchanged keys with the model's dtypes and shapes (the global weights).
-    private_keys : iterable of str
-        Keys that must never leave a site under this strategy.
-    """
-    leaked = sorted(set(weights) & set(private_keys))
-    if leaked:
-        return f"it carries site-private keys {leaked[:3]} (refused, never stored)"
-    missing = sorted(set(expected) - set(weights))
-    extra = sorted(set(weights) - set(expected))
-    if missing or extra:
-        return f"its keys differ from the model's (missing {missing[:3]}, unexpected {extra[:3]})"
-    for key, tensor in weights.items():
-        if not isinstance(tensor, torch.Tensor):
-            return f"'{key}' is a {type(tensor).__name__}, expected a tensor"
-        want = expected[key]
-        if tensor.dtype != want.dtype:
-            return f"'{key}' is {tensor.dtype}, expected {want.dtype} (the global's dtype)"
-        if tuple(tensor.shape) != tuple(want.shape):
-            return (f"'{key}' has shape {tuple(tensor.shape)}, expected "
-                    f"{tuple(want.shape)}")
-        if tensor.dtype.is_floating_point and not torch.isfinite(tensor).all():
-            return f"'{key}' holds NaN or Inf"
-    return None
-
-
-def num_examples_reason(value: object) -> str | None:
-    """Return why a reported number of training examples is refused, or None.
-
-    It weights the site's update in the average, so it must be a whole number from 1 to
-    :data:`MAX_EXAMPLES` (a server that cannot check the claim also caps the weight it
-    gives: ``max_share`` of :func:`close_round`).
-    """
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return f"it reports num-examples {value!r} (expected a number of training examples)"
-    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_EXAMPLES:
-        return (f"it reports num-examples {value!r} ({value!r} training examples; expected a "
-                f"whole number from 1 to {MAX_EXAMPLES})")
-    return None
-
-
-def update_norm(weights: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor]
-                ) -> float:
-    """Return the L2 norm of ``weights - reference`` over every key, in float64.
-
-    Integer tensors count too (a counter such as ``num_batches_tracked`` under FedAvg),
-    so that no tensor escapes the outlier rule by its dtype.
-    """
-    total = 0.0
-    for key, tensor in weights.items():
-        diff = tensor.detach().double() - reference[key].detach().double()
-        total += float(torch.sum(diff * diff))
-    return math.sqrt(total)
-
-
-def _median(values: Sequence[float]) -> float:
-    # the lower median: with two values, the smaller, so that one site never raises it
-    return sorted(values)[(len(values) - 1) // 2]
-
-
-def outlier_reason(norm: float, others: Sequence[float], factor: float = OUTLIER_FACTOR,
-                   floor: float = 0.0) -> str | None:
-    """Return why an update norm is an outlier, or None.
-
-    The reference is the other sites' (lower) median norm, but never below ``floor``
-    (:data:`HISTORY_SHARE` of the run's largest median accepted norm, from
-    :attr:`RoundOutcome.norm_reference`); an update over ``factor`` times it is an
-    outlier. Without the floor, late in training, when the other sites' updates have
-    shrunk to almost nothing, an honest site whose update shrinks more slowly would be
-    left out round after round.
-    """
-    if not others:
-        return None
-    median = _median(others)
-    ref = max(median, floor)
-    if ref > 0 and norm > factor * ref:
-        if ref > median:
-            return (f"its update norm {norm:.3g} is over {factor:g}x {ref:.3g} (the floor "
-                    f"from earlier rounds; the others' median is {median:.3g})")
-        return f"its update norm {norm:.3g} is over {factor:g}x the others' median {ref:.3g}"
-    return None
-
-
-def capped_weights(counts: Mapping[str, int], max_share: float) -> dict[str, int]:
-    """Return each site's weight: its count, but never over ``max_share`` of the average.
-
-    A count is a site's own claim, which the server cannot check. Each site's weight is
-    cut to ``max_share / (1 - max_share)`` times the sum of the other sites' counts, so
-    that one site, whatever it claims, weighs at most ``max_share`` of the average
-    (``0.5``: never more than all the others together). A single site is not capped.
-
-    Raises
-    ------
-    ValueError
-        When ``max_share`` is not in (0, 1).
-    """
-    if not 0 < max_share < 1:
-        raise ValueError(f"max_share must be a share between 0 and 1 (exclusive), got "
-                         f"{max_share!r}.")
-    total = sum(counts.values())
-    if len(counts) < 2:
-        return dict(counts)
-    ratio = max_share / (1 - max_share)
-    return {site: max(1, min(n, int(ratio * (total - n)))) for site, n in counts.items()}
 
 
 def update_control(
@@ -305,6 +166,7 @@ def update_control(
     return {k: (v.double() + share * mean[k].double()).to(v.dtype) for k, v in control.items()}
 
 
+
 def close_round(
     strategy: Strategy, global_weights: Mapping[str, torch.Tensor], replies: Sequence[Reply],
     private_keys: Iterable[str] = (), *, control: Mapping[str, torch.Tensor] | None = None,
@@ -329,26 +191,24 @@ def close_round(
     n_sites : int, optional
         Sites in the federation (default: the replies).
     weighting : str
-        ``"samples"``: each accepted site weighs by its training examples (FedAvg's
-        rule); ``"equal"``: every accepted site weighs the same (the FedBN paper's code).
+        One of :data:`~fedbn_med.fl.weighting.WEIGHTINGS`. ``"samples"``: each accepted
+        site weighs by its training examples (FedAvg's rule); ``"equal"``: every accepted
+        site weighs the same (the FedBN paper's code).
     max_share : float, optional
         With ``"samples"``, the largest share of the average one site may have, whatever
-        count it claims (:func:`capped_weights`); None: no cap (every site is trusted).
+        count it claims (:func:`~fedbn_med.fl.weighting.capped_weights`); None: no cap
+        (every site is trusted).
     norm_reference : float
         The previous round's :attr:`RoundOutcome.norm_reference` (0 in the first round):
-        the outlier rule's floor is :data:`HISTORY_SHARE` of it.
+        the outlier rule's floor is
+        :data:`~fedbn_med.fl.reply_checks.HISTORY_SHARE` of it.
 
     Returns
     -------
     RoundOutcome
         The new global weights, the sites averaged and the sites refused with reasons.
     """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {', '.join(WEIGHTINGS)}, got "
-                         f"{weighting!r}.")
-    if max_share is not None and not 0 < max_share < 1:
-        raise ValueError(f"max_share must be a share between 0 and 1 (exclusive), got "
-                         f"{max_share!r}.")
+    check_weighting(weighting, max_share)
     # Replies are taken in site order, not arrival order: the float sums of the average
     # must not depend on which site answered first.
     replies = sorted(replies, key=lambda r: r.site)
@@ -398,15 +258,11 @@ def close_round(
     kept = [r for r, _ in sound if r.site in outcome.accepted]
     if not kept:
         return outcome
-    if weighting == "equal":
-        weights = {r.site: 1 for r in kept}
-    else:
-        weights = {r.site: int(r.num_examples) for r in kept}
-        if max_share is not None:
-            weights = capped_weights(weights, max_share)
+    weights = site_weights({r.site: int(r.num_examples) for r in kept}, weighting, max_share)
     total = sum(weights.values())
     outcome.shares = {site: w / total for site, w in weights.items()}
-    outcome.norm_reference = max(norm_reference, _median([outcome.norms[r.site] for r in kept]))
+    outcome.norm_reference = max(norm_reference,
+                                 lower_median([outcome.norms[r.site] for r in kept]))
     outcome.global_weights = weighted_average([(r.weights, weights[r.site]) for r in kept])
     if controls:
         outcome.control = update_control(

@@ -14,7 +14,8 @@ clipping and noise when client-level DP is on, so the variate is post-processing
 what was released and costs no privacy). The site sends ``c_i+ - c_i``; the server's
 update of ``c`` is :func:`fedbn_med.fl.rounds.update_control`.
 
-A site's variate is site state, saved with its BN layers after every round.
+A site's variate is site state, saved with its BN layers after every round. At the site,
+SCAFFOLD is a round hook (:class:`ScaffoldHook`) that the strategy supplies.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-__all__ = ["CONTROL_PREFIX", "SiteControl", "join_controls", "split_controls", "zero_controls"]
+from fedbn_med.fl.hooks import HookedSite, RoundHook
+
+__all__ = ["CONTROL_PREFIX", "ScaffoldHook", "SiteControl", "join_controls", "split_controls",
+           "zero_controls"]
 
 Weights = dict[str, torch.Tensor]
 
@@ -119,3 +123,59 @@ class SiteControl:
                                  f"{tuple(value.shape)}, expected "
                                  f"{tuple(self.state[key].shape)}.")
             self.state[key] = value.detach().to("cpu", torch.float32).clone()
+
+
+class ScaffoldHook(RoundHook):
+    """SCAFFOLD at a site: correct every step by ``c - c_i``; update ``c_i`` after the round.
+
+    Parameters
+    ----------
+    template : mapping of str to tensor
+        The model's state (shapes of the controlled keys).
+    keys : iterable of str
+        The controlled keys (:meth:`fedbn_med.fl.strategies.Strategy.controlled_keys`).
+    lr : float
+        The site's learning rate (option II divides the drift by steps times ``lr``).
+    """
+
+    def __init__(self, template: Mapping[str, torch.Tensor], keys: Iterable[str],
+                 lr: float) -> None:
+        self.control = SiteControl(template, keys)
+        self.lr = float(lr)
+        self._start: Weights = {}
+        self._server: Weights = {}
+        self._corrections: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._steps = 0
+
+    def begin(self, site: HookedSite, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
+        """Hold the received weights and the server's variate; prepare the corrections."""
+        self._start = site.shared_weights()
+        self._steps = 0
+        self._server = dict(server or {})
+        params = dict(site.model.named_parameters())
+        self._corrections = [(params[k], c.to(site.device))
+                             for k, c in self.control.correction(self._server).items()]
+
+    @torch.no_grad()
+    def after_backward(self, scale: float) -> None:
+        """Count a local step and add ``c - c_i`` (times ``scale``) to its gradients."""
+        self._steps += 1
+        for param, correction in self._corrections:
+            if param.grad is not None:
+                param.grad.add_(correction, alpha=scale)
+
+    def end(self, site: HookedSite, rnd: int, sent: Weights,
+            metrics: dict[str, float]) -> Weights:
+        """Update the site's variate from what it sends (after DP, when DP is on)."""
+        self.control.update(self._start, sent, self._server, self._steps, self.lr)
+        return sent
+
+    def state(self) -> tuple[Weights, dict[str, object]]:
+        """Return the site's variate, as ``control/<key>`` tensors."""
+        return {CONTROL_PREFIX + k: v.clone() for k, v in self.control.state.items()}, {}
+
+    def load(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, object]) -> None:
+        """Restore a saved variate (tensors without the prefix are left alone)."""
+        _, controls = split_controls(tensors)
+        if controls:
+            self.control.load(controls)

@@ -2,7 +2,9 @@
 
 A strategy answers three questions: which keys leave a site (``exchanged_keys``), what
 is added to the local loss (``proximal_term``), and whether the sites' data are pooled
-(``pooled``, the centralized upper bound). Aggregation itself is one pure function,
+(``pooled``, the centralized upper bound). What it adds to a site's local round is the
+round hooks it supplies (``site_hooks``, :mod:`fedbn_med.fl.hooks`): the proximal term,
+client-level DP, SCAFFOLD. Aggregation itself is one pure function,
 :func:`weighted_average`, used by the in-process driver and by the Flower server.
 
 FedBN is FedAvg with the site-private keys kept home; FedProx is FedAvg plus a proximal
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where a tensor is computed: the run spec stays light
+    import torch
+    from torch import nn
 
-from fedbn_med.fl.partition import Partition
+    from fedbn_med.fl.hooks import HookedSite, Releases, RoundHook
+    from fedbn_med.fl.partition import Partition
+    from fedbn_med.fl.privacy import UpdatePrivacy
 
 __all__ = [
     "STRATEGIES",
@@ -106,6 +111,8 @@ class Strategy:
         """Return ``mu/2 * ||w - w_anchor||^2`` over the anchored parameters, or None."""
         if self.mu == 0.0 or not anchor:
             return None
+        import torch
+
         total: torch.Tensor | None = None
         for name, param in model.named_parameters():
             ref = anchor.get(name)
@@ -114,6 +121,28 @@ class Strategy:
             sq = torch.sum((param - ref) ** 2)
             total = sq if total is None else total + sq
         return None if total is None else 0.5 * self.mu * total
+
+    def site_hooks(self, site: HookedSite, privacy: UpdatePrivacy | None = None,
+                   releases: Releases | None = None) -> list[RoundHook]:
+        """Return the hooks of a site's local round, in the order they run.
+
+        The proximal term (``mu > 0``), client-level DP (``privacy``, when the site sends
+        anything; it extends ``releases``), then SCAFFOLD (``controls``): its variate is
+        updated from what DP released.
+        """
+        from fedbn_med.fl.hooks import DPHook, ProximalHook, Releases
+        from fedbn_med.fl.scaffold import ScaffoldHook
+
+        hooks: list[RoundHook] = []
+        if self.mu > 0:
+            hooks.append(ProximalHook(self))
+        if privacy is not None and site.exchanged:
+            hooks.append(DPHook(privacy, releases if releases is not None else Releases()))
+        parameters = frozenset(name for name, _ in site.model.named_parameters())
+        controlled = self.controlled_keys(site.partition, parameters)
+        if controlled:
+            hooks.append(ScaffoldHook(site.model.state_dict(), controlled, site.lr))
+        return hooks
 
 
 @dataclass(frozen=True)
@@ -258,6 +287,8 @@ def weighted_average(
         The weighted mean, computed in float64 and cast back to each key's dtype
         (integer counters such as ``num_batches_tracked`` are rounded).
     """
+    import torch
+
     if not updates:
         raise ValueError("Cannot aggregate: no site sent an update.")
     total = sum(int(n) for _, n in updates)

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from fedbn_med.checkpoint import load_tensors, save_tensors
-from fedbn_med.fl.partition import partition_model, select
+from fedbn_med.fl.partition import bn_layers, partition_model, select
 from fedbn_med.fl.strategies import weighted_average
+from fedbn_med.training.bn_stats import start_bn_statistics
 from fedbn_med.training.trainer import ShapeMismatchError, SiteTrainer
 
 __all__ = [
@@ -66,10 +66,6 @@ def check_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], source:
     return partition.private <= set(weights)
 
 
-def _bn_modules(model: nn.Module) -> list[_BatchNorm]:
-    return [m for m in model.modules() if isinstance(m, _BatchNorm)]
-
-
 def bn_affine_keys(model: nn.Module) -> frozenset[str]:
     """Return the keys of the BN scale and shift parameters (private parameters, no buffers)."""
     params = {name for name, _ in model.named_parameters()}
@@ -108,7 +104,7 @@ def load_bn_affine(path: str | Path) -> Weights:
 
 def _set_affine(model: nn.Module, affine: Mapping[str, torch.Tensor] | None) -> None:
     if affine is None:
-        for module in _bn_modules(model):
+        for module in bn_layers(model, tracking=False):
             if module.affine:
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
@@ -130,38 +126,21 @@ def _set_affine(model: nn.Module, affine: Mapping[str, torch.Tensor] | None) -> 
             state[key].copy_(tensor)
 
 
-@torch.no_grad()
 def estimate_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> None:
     """Re-estimate every BN layer's running mean and variance on unlabeled inputs.
 
     The statistics are reset and accumulated as a cumulative average over the batches
     (``momentum=None``); with one batch they are exactly the data's. Only the BN layers
     run in training mode, so dropout stays off as at test time (which is why this does
-    not use ``torch.optim.swa_utils.update_bn``).
+    not use ``torch.optim.swa_utils.update_bn``): the pass of
+    :func:`fedbn_med.training.bn_stats.start_bn_statistics`.
     """
     if x.shape[0] < 2:
         raise ValueError(f"Estimating BN statistics needs at least 2 examples, got {x.shape[0]}.")
-    layers = [m for m in _bn_modules(model) if m.track_running_stats]
-    if not layers:
+    if not bn_layers(model):
         raise ValueError("The model has no BN layer with running statistics to estimate.")
-    was_training = model.training
-    momenta = {m: m.momentum for m in layers}
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        for m in layers:
-            m.reset_running_stats()
-            m.momentum = None
-            m.train()
-        for start in range(0, x.shape[0], batch_size):
-            chunk = x[start:start + batch_size]
-            if chunk.shape[0] < 2:  # BN cannot take the variance of one example
-                continue
-            model(chunk.to(device))
-    finally:
-        for m, momentum in momenta.items():
-            m.momentum = momentum
-        model.train(was_training)
+    chunks = (x[start:start + batch_size] for start in range(0, x.shape[0], batch_size))
+    start_bn_statistics(model, chunks, next(model.parameters()).device, only_bn=True)
 
 
 def finetune_bn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int = 50,

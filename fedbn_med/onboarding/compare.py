@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fedbn_med.evaluation.comparison import format_interval
+from fedbn_med.evaluation.tables import format_interval
 from fedbn_med.fl.partition import partition_model, select
 from fedbn_med.fl.strategies import SingleSet
 from fedbn_med.onboarding.bn_adapt import (

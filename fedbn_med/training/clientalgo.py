@@ -46,11 +46,12 @@ class FedBNClientAlgo(ClientAlgo):
         self.aborted = False
 
     def initialize(self, extra: dict | None = None) -> None:
-        """Check that the FL system names this site, when it names one."""
+        """Check that the FL system names this site, when it names one; pin its threads."""
         name = (extra or {}).get(ExtraItems.CLIENT_NAME)
         if name is not None and str(name) != self.trainer.site:
             raise ValueError(f"This ClientAlgo serves site '{self.trainer.site}', but the FL "
                              f"system calls it '{name}'.")
+        self.trainer.pin_threads()
         self.aborted = False
 
     def train(self, data: ExchangeObject, extra: dict | None = None) -> None:

@@ -129,6 +129,8 @@ def run_in_process(
     if strategy.pooled and pooled is None:
         raise ValueError(f"Strategy '{strategy.name}' needs the pooled trainer (pooled=...).")
     history = History(strategy=strategy.label)
+    for trainer in (*trainers.values(), *([pooled] if pooled is not None else [])):
+        trainer.pin_threads()  # this process computes for every site
     first = pooled if strategy.pooled and pooled is not None else next(iter(trainers.values()))
     global_weights = first.shared_weights()
     private = first.partition.all - first.exchanged

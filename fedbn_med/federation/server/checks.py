@@ -1,4 +1,9 @@
-"""Checks on what a site's message says besides its weights, before the server keeps any of it.
+"""What a site's message holds, decoded and checked before the server keeps any of it.
+
+Every reply the server reads passes through here: :func:`read_query` (who a node says it
+is), :func:`read_train` (a round's update, metrics and scores) and :func:`read_evaluate`
+(the final scores). Each returns plain checked values or raises ``ValueError`` saying
+why, so the server refuses that one reply and goes on.
 
 A reply's weights and example count are checked by :mod:`fedbn_med.fl.rounds`, for every
 engine; this module checks what only the server takes from the network: the sections of
@@ -14,9 +19,21 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from fedbn_med.federation.records import unpack
+from fedbn_med.fl.rounds import Reply
+from fedbn_med.fl.scaffold import split_controls
+from fedbn_med.tasks.site_toml import SITE_NAME
+
+if TYPE_CHECKING:
+    from flwr.app import Message, RecordDict
 
 __all__ = ["MAX_ENTRIES", "MAX_LOSS", "SCORE_RANGES", "SPLITS", "TRAIN_METRICS",
-           "WHOLE_SCORES", "evaluate_reason", "metrics_reason", "score_names", "train_reason"]
+           "WHOLE_SCORES", "SiteInfo", "TrainReply", "claimed_site", "error_reason",
+           "evaluate_reason", "metrics_reason", "read_evaluate", "read_query", "read_train",
+           "refusal", "score_names", "train_reason"]
 
 #: The largest loss the server takes (sites cap theirs far lower before sending them).
 MAX_LOSS = 1e4
@@ -57,7 +74,8 @@ _REQUIRED = ("num-examples", "train_loss")
 
 # A site's state hash is a SHA-256 in hex (fedbn_med.checkpoint.state_hash).
 _HASH = re.compile(r"[0-9a-f]{64}")
-# fedbn_med.evaluation.metrics.METRIC_NAMES, written out so that the server's checks import no numpy
+# fedbn_med.evaluation.metrics.METRIC_NAMES, written out so that the server's checks import no
+# evaluation code
 _DEFAULT_SCORES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss", "n", "positive_rate",
                    "majority_rate")
 
@@ -165,3 +183,127 @@ def evaluate_reason(sections: Mapping[str, Mapping[str, object]],
         return (f"its reply holds sections {[s[:40] for s in unknown[:3]]} (an evaluate reply "
                 "holds only metrics)")
     return metrics_reason({"eval": sections.get("metrics", {})}, scores)
+
+
+# -- decoding a reply ----------------------------------------------------------------------
+#: The longest reason or error text a site's reply may put in a log line or an event.
+MAX_REASON = 500
+_MAX_DIMS = 8
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """What a node says about itself in its query reply, checked."""
+
+    site: str
+    input_shape: tuple[int, ...]
+    resumed_round: int
+    private_hash: str
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    """A train reply that passed every check here (its weights are checked by the round)."""
+
+    update: Reply
+    #: the round's training row: num_examples, train_loss, setups and the dp_* metrics
+    fits: dict[str, float]
+    #: the scores of the previous round's model, when the reply holds them
+    evals: dict[str, float] | None
+    #: the hash of the site's private state, when the reply holds its state section
+    private_hash: str | None
+
+
+def refusal(err: BaseException) -> str:
+    """Return why a reply was refused, from the error decoding it raised, kept short."""
+    why = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+    return why[:MAX_REASON]
+
+
+def error_reason(reply: Message) -> str:
+    """Return the error text a site's failed reply carries, kept short."""
+    return str(reply.error.reason)[:MAX_REASON]
+
+
+def _whole(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def read_query(content: RecordDict) -> SiteInfo:
+    """Return what a query reply says: the site, its data's shape, what it resumed.
+
+    Raises
+    ------
+    ValueError
+        When the reply is malformed: a site name that is not letters, digits, '-' or '_'
+        (at most 64), a shape that is not a few whole numbers from 1, a resumed round
+        that is not a whole number from 0, or a private hash that is not a SHA-256.
+    """
+    info = unpack(content).section("info")
+    site = info.get("site")
+    if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
+        raise ValueError(f"its site name {repr(site)[:70]} is not 1 to 64 letters, digits, "
+                         "'-' or '_'")
+    shape = info.get("input-shape")
+    if not isinstance(shape, list) or not 0 < len(shape) <= _MAX_DIMS \
+            or not all(_whole(d, 1) for d in shape):
+        raise ValueError(f"its input-shape {str(shape)[:70]} is not 1 to {_MAX_DIMS} whole "
+                         "numbers from 1")
+    resumed = info.get("resumed-round")
+    if not _whole(resumed, 0):
+        raise ValueError(f"its resumed-round {repr(resumed)[:40]} is not a whole number from 0")
+    digest = info.get("private-hash", "")
+    if not isinstance(digest, str) or not (digest == "" or _HASH.fullmatch(digest)):
+        raise ValueError(f"its private-hash {str(digest)[:70]!r} is not a SHA-256 in hex")
+    return SiteInfo(site, tuple(cast("list[int]", shape)), cast(int, resumed), digest)
+
+
+def claimed_site(reply: Message) -> str | None:
+    """Return the site a query reply names (None for an error or a malformed reply)."""
+    if reply.has_error():
+        return None
+    try:
+        return read_query(reply.content).site
+    except ValueError:
+        return None
+
+
+def read_train(content: RecordDict, site: str, scores: Collection[str]) -> TrainReply:
+    """Return a train reply's update, training row, scores and state hash, checked.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong (:func:`train_reason`, or the message cannot be decoded).
+    """
+    payload = unpack(content)
+    reason = train_reason(payload.sections, scores)
+    if reason is not None:
+        raise ValueError(reason)
+    metrics = payload.floats("metrics")
+    fits = {"num_examples": metrics["num-examples"], "train_loss": metrics["train_loss"],
+            "setups": metrics.get("setups", 0.0),
+            # the (epsilon, delta) a DP site has spent, for its MLflow run
+            **{k: v for k, v in metrics.items() if k.startswith("dp_")}}
+    weights, controls = split_controls(payload.tensors)
+    evals = payload.floats("eval") if "eval" in payload.sections else None
+    digest = (str(payload.section("state").get("private-hash", ""))
+              if "state" in payload.sections else None)
+    # the count is checked by close_round (fedbn_med.fl.rounds.num_examples_reason)
+    update = Reply(site, weights, metrics["num-examples"], controls=controls)
+    return TrainReply(update, fits, evals, digest)
+
+
+def read_evaluate(content: RecordDict, scores: Collection[str]) -> dict[str, float]:
+    """Return an evaluate reply's scores, checked.
+
+    Raises
+    ------
+    ValueError
+        Naming what is wrong (:func:`evaluate_reason`, or the message cannot be decoded).
+    """
+    payload = unpack(content)
+    reason = evaluate_reason(payload.sections, scores)
+    if reason is not None:
+        raise ValueError(reason)
+    return payload.floats("metrics")

@@ -6,10 +6,10 @@ batch-norm layers stay at their site.
 
 The task's files: ``sites`` (one TOML file per institution), ``data`` (ABIDE PCP files to
 features), ``cohort`` (the built-in ABIDE-format cohort), ``splits`` (per-site folds),
-``model`` (the MLP), ``objective`` (loss and metrics), ``settings`` and ``build`` (a
-site's trainer from these). Importing this package registers the task (see
-:mod:`fedbn_med.tasks`) without importing torch: the builders are imported when a site or
-the server model is first built.
+``model`` (the MLP), ``settings`` and ``build`` (a site's trainer from these, with the
+binary objective :class:`fedbn_med.training.objective.BinaryClassification`). Importing
+this package registers the task (see :mod:`fedbn_med.tasks`) without importing torch: the
+builders are imported when a site or the server model is first built.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 ``synth`` builds the offline built-in sites, ``readers`` and ``dicom_io`` decode
 NIfTI/DICOM/PNG and datalists, ``datasets`` turns a site's datalist into cached MONAI
-datasets, ``trainer`` holds :class:`~fedbn_med.tasks.imaging.trainer.ImageTrainer` (each
-task adds its loss and scores in its ``objective``), ``site_files`` reads
+datasets, ``trainer`` holds :class:`~fedbn_med.tasks.imaging.trainer.ImageObjective`, the batching
+a site trainer uses on these datasets (each task adds its loss and scores in its
+``objective``), ``site_files`` reads
 ``sites/<task>/*.toml``, and ``settings`` holds the settings both tasks share.
 """
 

@@ -28,6 +28,6 @@ MRI_TASK = register_task(Task(
     check_sites=lazy("fedbn_med.tasks.imaging.site_files:check_imaging_sites", "mri"),
     build_pooled=lazy("fedbn_med.tasks.imaging.trainer:pooled_trainer"),
     preload=("fedbn_med.tasks.mri.build",),
-    # SegmentationTrainer.score_dataset's, for synth.TISSUE_CLASSES
+    # Segmentation.score_dataset's, for synth.TISSUE_CLASSES
     score_metrics=("dice", "dice_csf", "dice_gm", "dice_wm", "loss"),
 ))

@@ -10,7 +10,7 @@ on each subject's volume whatever the network's dimensions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import torch
@@ -19,9 +19,9 @@ from monai.inferers import Inferer, SliceInferer, SlidingWindowInferer
 from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 
-from fedbn_med.tasks.imaging.trainer import ImageTrainer
+from fedbn_med.tasks.imaging.trainer import ImageObjective
 
-__all__ = ["SegmentationTrainer", "volume_inferer"]
+__all__ = ["Segmentation", "volume_inferer"]
 
 
 def volume_inferer(spatial_dims: int, roi: int, batch: int = 4) -> Inferer:
@@ -46,16 +46,18 @@ def volume_inferer(spatial_dims: int, roi: int, batch: int = 4) -> Inferer:
     raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}.")
 
 
-class SegmentationTrainer(ImageTrainer):
+class Segmentation(ImageObjective):
     """Segment patches or slices; score Dice per class on each subject's whole volume.
 
-    Parameters are those of :class:`~fedbn_med.tasks.imaging.trainer.ImageTrainer`, plus
-    ``class_names`` (background first) and ``inferer`` (see :func:`volume_inferer`).
+    Parameters
+    ----------
+    class_names : sequence of str
+        The label classes, background first.
+    inferer : monai.inferers.Inferer
+        How a whole volume is predicted (see :func:`volume_inferer`).
     """
 
-    def __init__(self, *args: Any, class_names: Sequence[str], inferer: Inferer,
-                 **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, class_names: Sequence[str], inferer: Inferer) -> None:
         self.class_names = tuple(class_names)
         self.inferer = inferer
         self.loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
@@ -64,16 +66,17 @@ class SegmentationTrainer(ImageTrainer):
         """Return Dice + cross-entropy against integer label maps."""
         return self.loss_fn(output.float(), target)
 
-    def score_dataset(self, dataset: Dataset) -> dict[str, float]:
+    def score_dataset(self, model: torch.nn.Module, dataset: Dataset, device: torch.device
+                      ) -> dict[str, float]:
         """Return mean Dice, Dice per foreground class and the loss, over subjects."""
         dice = DiceMetric(include_background=False, reduction="mean_batch",
                           num_classes=len(self.class_names))
         losses = []
         for i in range(len(dataset)):
             item = dataset[i]
-            image = torch.as_tensor(item["image"])[None].to(self.device)  # (1, 1, H, W, D)
-            label = torch.as_tensor(item["label"])[None].to(self.device)
-            logits = self.inferer(image, self.model).float()  # (1, C, H, W, D)
+            image = torch.as_tensor(item["image"])[None].to(device)  # (1, 1, H, W, D)
+            label = torch.as_tensor(item["label"])[None].to(device)
+            logits = self.inferer(image, model).float()  # (1, C, H, W, D)
             losses.append(float(self.loss_fn(logits, label)))
             dice(y_pred=logits.argmax(1, keepdim=True), y=label)
         per_class = cast(torch.Tensor, dice.aggregate()).cpu().numpy()

@@ -6,19 +6,21 @@ import torch
 from monai.data import Dataset
 from torch import nn
 
-from fedbn_med.tasks.imaging.trainer import ImageTrainer
+from fedbn_med.tasks.imaging.trainer import ImageObjective
+from fedbn_med.training.objective import binary_scores
 
-__all__ = ["ClassificationTrainer"]
+__all__ = ["Classification"]
 
 
-class ClassificationTrainer(ImageTrainer):
-    """Classify whole images (binary); scores come from the parent's metrics (AUC, ...)."""
+class Classification(ImageObjective):
+    """Classify whole images (binary); scores are the binary classification metrics (AUC, ...)."""
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Return the cross-entropy of the logits."""
         return nn.functional.cross_entropy(output.float(), target.long().reshape(-1))
 
-    def score_dataset(self, dataset: Dataset) -> dict[str, float]:
+    def score_dataset(self, model: nn.Module, dataset: Dataset, device: torch.device
+                      ) -> dict[str, float]:
         """Return accuracy, balanced accuracy, ROC AUC, F1, loss, n and the positive share.
 
         No majority rate: the training labels stay unread here.
@@ -26,4 +28,4 @@ class ClassificationTrainer(ImageTrainer):
         items = [dataset[i] for i in range(len(dataset))]
         x = torch.stack([torch.as_tensor(it["image"]).float() for it in items])
         y = torch.as_tensor([int(it["label"]) for it in items], dtype=torch.int64)
-        return self._score(x, y)
+        return binary_scores(model, x, y, device)

@@ -1,18 +1,14 @@
-"""Honest intervals and paired tests for cross-validated comparisons.
+"""Paired tests of two methods on the same subjects, as their out-of-fold predictions give.
 
-- :func:`corrected_t_interval`: the corrected resampled t of Nadeau and Bengio (2003), as
-  Bouckaert and Frank (2004) use it for repeated k-fold cross-validation. The cells of a
-  cross-validation share training subjects, so their scores are correlated; the naive
-  t-interval over cells treats them as independent and is too narrow. The correction
-  inflates the variance of the mean from ``s^2 / J`` to ``(1 / J + n_test / n_train) s^2``.
 - :func:`mcnemar`: exact McNemar test of two classifiers' correctness on the same subjects.
 - :func:`delong`: DeLong's test of two correlated AUCs on the same subjects, optionally
   stratified (per site, then combined), with the fast midrank algorithm of Sun and Xu
   (2014).
 - :func:`bootstrap_difference`: a bootstrap over subjects stratified by site of the
-  difference of a site-mean score.
-- :func:`wilson_interval`: the Wilson score interval of one proportion (a site's test
-  accuracy over its ``n`` subjects).
+  difference of a site-mean score; :func:`bootstrap_repeated_difference` does it for a
+  repeated cross-validation, every repetition scored on the same resample.
+
+The intervals over cross-validation cells are in :mod:`fedbn_med.evaluation.intervals`.
 """
 
 from __future__ import annotations
@@ -24,102 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedbn_med.evaluation.intervals import check_level
 from fedbn_med.evaluation.metrics import roc_auc
 
 __all__ = [
     "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",
-    "bootstrap_repeated_difference", "corrected_t_interval", "delong", "mcnemar",
-    "naive_t_interval", "wilson_interval",
+    "bootstrap_repeated_difference", "delong", "mcnemar",
 ]
-
-
-def _finite(values: Sequence[float]) -> np.ndarray:
-    return np.array([v for v in values if math.isfinite(v)], dtype=float)
-
-
-def _t_interval(arr: np.ndarray, factor: float, level: float) -> tuple[float, float, float]:
-    from scipy import stats
-
-    if arr.size == 0:
-        return math.nan, math.nan, math.nan
-    mean = float(arr.mean())
-    if arr.size < 2:
-        return mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.5 + level / 2, arr.size - 1) * arr.std(ddof=1)
-                 * math.sqrt(factor))
-    return mean, mean - half, mean + half
-
-
-def _check_level(level: float) -> None:
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), such as 0.95, got {level!r}.")
-
-
-def naive_t_interval(values: Sequence[float], level: float = 0.95
-                     ) -> tuple[float, float, float]:
-    """Return (mean, low, high): the Student-t interval that treats values as independent."""
-    _check_level(level)
-    arr = _finite(values)
-    return _t_interval(arr, 1.0 / max(arr.size, 1), level)
-
-
-def corrected_t_interval(values: Sequence[float], test_train_ratio: float,
-                         level: float = 0.95) -> tuple[float, float, float]:
-    """Return (mean, low, high): the corrected resampled t-interval of cell scores.
-
-    Parameters
-    ----------
-    values : sequence of float
-        One score (or paired difference) per cross-validation cell; NaN are left out.
-    test_train_ratio : float
-        ``n_test / n_train`` of one cell: ``1 / (k - 1)`` for k-fold cross-validation.
-    level : float, default=0.95
-        Coverage of the interval.
-
-    Returns
-    -------
-    tuple of float
-        The mean and the bounds ``mean -/+ t_{J-1} s sqrt(1 / J + n_test / n_train)``;
-        NaN bounds with fewer than two values.
-
-    Raises
-    ------
-    ValueError
-        If ``test_train_ratio`` is not a positive finite number or ``level`` not in (0, 1).
-    """
-    _check_level(level)
-    if not (math.isfinite(test_train_ratio) and test_train_ratio > 0):
-        raise ValueError(f"test_train_ratio must be a positive number (n_test / n_train, "
-                         f"0.25 for 5 folds), got {test_train_ratio!r}.")
-    arr = _finite(values)
-    return _t_interval(arr, 1.0 / max(arr.size, 1) + test_train_ratio, level)
-
-
-def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Return the Wilson score interval (low, high) of the proportion ``successes / n``.
-
-    Unlike the normal (Wald) interval it stays inside [0, 1] and keeps its coverage for
-    the small test splits of a site (tens of subjects) and for proportions near 0 or 1.
-    ``successes`` may be a rate times ``n`` that is a whole number only up to rounding.
-
-    Raises
-    ------
-    ValueError
-        If ``n`` is not a whole number of at least 1, ``successes`` not in [0, n], or
-        ``level`` not in (0, 1).
-    """
-    from scipy import stats
-
-    _check_level(level)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a whole number of subjects >= 1, got {n!r}.")
-    if not (math.isfinite(successes) and -1e-6 <= successes <= n + 1e-6):
-        raise ValueError(f"successes must be a count from 0 to n = {n}, got {successes!r}.")
-    p = min(max(successes / n, 0.0), 1.0)
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)
@@ -301,7 +208,7 @@ def bootstrap_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b: np.ndar
         raise ValueError(f"Unknown metric '{metric}'. Valid: {', '.join(SCORES)}.")
     if n_boot < 100:
         raise ValueError(f"n_boot must be at least 100 for a percentile interval, got {n_boot}.")
-    _check_level(level)
+    check_level(level)
     score = SCORES[metric]
     y = np.asarray(labels).astype(int)
     a, b, g = np.asarray(prob_a), np.asarray(prob_b), np.asarray(strata)
@@ -375,7 +282,7 @@ def bootstrap_repeated_difference(labels: np.ndarray, pred_a: np.ndarray, pred_b
         raise ValueError(f"Unknown metric '{metric}'. Valid: balanced_accuracy, accuracy.")
     if n_boot < 100:
         raise ValueError(f"n_boot must be at least 100 for a percentile interval, got {n_boot}.")
-    _check_level(level)
+    check_level(level)
     y = np.asarray(labels).astype(bool)
     a, b = np.atleast_2d(np.asarray(pred_a, bool)), np.atleast_2d(np.asarray(pred_b, bool))
     mask = np.ones_like(a) if tested is None else np.atleast_2d(np.asarray(tested, bool))

@@ -1,0 +1,150 @@
+"""The benchmarks' grid: one swept setting x strategies x (fold, seed) cells, paired by cell.
+
+A benchmark varies one setting (its *axis*: a share of the data, a site effect, local
+epochs; or none) and runs every strategy on every (fold, seed) cell of the invocation at
+each value. :func:`run_grid` runs that grid and yields each run with its key;
+:func:`sweep` scores each run as the comparison protocol does
+(:meth:`fedbn_med.evaluation.comparison.Cell.from_rows`: best-validation and last round)
+and returns one :class:`~fedbn_med.evaluation.comparison.Comparison` per axis value, so
+that scores are keyed by (fold, seed) and two strategies pair by cell, never by the
+position of a run in a list (:func:`fedbn_med.evaluation.pairing.paired_differences`).
+
+The figures of a table are ``mean [95 % CI]`` over the cells (:func:`summary`,
+:func:`gap`, formatted by :func:`fedbn_med.evaluation.tables.format_stats`). The interval
+is the protocol's corrected resampled t by default; ``ci="naive"`` gives the t-interval
+that treats the cells as independent, which ``data_size.py`` and ``local_epochs.py``
+(published) have always shown and say so in their captions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from _common import Benchmark, run
+from _plots import bar_plot
+
+from fedbn_med.evaluation.comparison import Cell, Comparison, interval
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.training.inprocess import History
+    from fedbn_med.training.trainer import SiteData
+
+__all__ = ["Interval", "gap", "publish_site_comparison", "run_grid", "summary", "sweep"]
+
+V = TypeVar("V", bound=Hashable)
+#: Which interval a table gives: the corrected resampled t, or the naive t over cells.
+Interval = Literal["corrected", "naive"]
+#: The headline score of the sweeps.
+METRIC = "balanced_accuracy"
+
+
+def run_grid(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
+             spec: Callable[[V, str, int, int], RunSpec], *,
+             data: Callable[[V, RunSpec], Mapping[str, SiteData]] | None = None,
+             sites: Mapping[str, SiteConfig] | None = None, desc: str | None = None
+             ) -> Iterator[tuple[V, str, int, int, History]]:
+    """Run every (axis value, strategy, fold, seed) and yield it with its history.
+
+    Parameters
+    ----------
+    bench : Benchmark
+        The invocation: its cells (:attr:`Benchmark.cells`) and progress bar.
+    axis : sequence
+        The values of the swept setting (``(None,)`` for a benchmark without one).
+    strategies : sequence of str
+        Strategy names, in the order they run at each value.
+    spec : callable
+        ``spec(value, strategy, fold, seed)``: the run's settings.
+    data : callable, optional
+        ``data(value, spec)``: the sites' data to train on (e.g. a share of it); each
+        run prepares its own when omitted.
+    sites : mapping of site name to SiteConfig, optional
+        Loaded from ``sites/`` when omitted.
+    desc : str, optional
+        The progress bar's label (default: the benchmark's name).
+    """
+    grid = [(value, strategy, fold, seed) for value in axis for strategy in strategies
+            for fold, seed in bench.cells]
+    for value, strategy, fold, seed in bench.progress(grid, desc):
+        config = spec(value, strategy, fold, seed)
+        datas = data(value, config) if data is not None else None
+        yield value, strategy, fold, seed, run(config, datas, sites)
+
+
+def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
+          spec: Callable[[V, str, int, int], RunSpec], *,
+          data: Callable[[V, RunSpec], Mapping[str, SiteData]] | None = None,
+          sites: Mapping[str, SiteConfig] | None = None) -> dict[V, Comparison]:
+    """Run the grid (:func:`run_grid`) and return ``{axis value: Comparison}``.
+
+    Each run becomes the :class:`Cell` of its strategy and (fold, seed) in its value's
+    comparison, scored at its best-validation and its last round.
+    """
+    names = tuple(bench.config().sites)
+    comparisons = {value: Comparison(sites=names) for value in axis}
+    for value, strategy, fold, seed, history in run_grid(bench, axis, strategies, spec,
+                                                         data=data, sites=sites):
+        comparisons[value].add(Cell.from_rows(strategy, fold, seed, history.rows))
+    return comparisons
+
+
+def summary(comparison: Comparison, strategy: str, *, metric: str = METRIC,
+            at: str = "best", ci: Interval = "corrected"
+            ) -> tuple[float, float, float]:
+    """Return (mean, low, high) of a strategy's site-mean score over the cells."""
+    values = comparison.values(strategy, at, metric)
+    if ci == "corrected":
+        return comparison.corrected(values)
+    return interval(list(values.values()))
+
+
+def gap(comparison: Comparison, a: str, b: str, *, metric: str = METRIC, at: str = "best",
+        ci: Interval = "corrected") -> tuple[float, float, float]:
+    """Return (mean, low, high) of the difference a - b, paired by (fold, seed) cell."""
+    mean, low, high, _ = comparison.difference(a, b, at, metric,
+                                               corrected=ci == "corrected")
+    return mean, low, high
+
+
+def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
+                            sites: Sequence[str], *, title: str, notes: str) -> int:
+    """Run the comparison protocol on ``specs``; publish its table, predictions and plot.
+
+    The plot shows each method's test balanced accuracy per site and on average at the
+    best-validation round, with the corrected 95 % interval. Returns the exit status 0.
+    """
+    from fedbn_med.evaluation.report import csv_text
+    from fedbn_med.evaluation.runner import run_comparison
+
+    bench.runs += len(specs) * len(bench.cells)
+    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
+    table = comparison.report()
+    bench.out.mkdir(parents=True, exist_ok=True)
+    (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
+                                               encoding="utf-8")
+    groups = [*sites, "mean"]
+
+    def plot(path: Path) -> Path:
+        series = {}
+        for method in comparison.strategies:
+            means, errs = [], []
+            for site in groups:
+                mean, _, high = comparison.corrected(
+                    comparison.values(method, "best", METRIC, site))
+                means.append(100 * mean)
+                errs.append(100 * (high - mean) if not math.isnan(high) else 0.0)
+            series[method] = (means, errs)
+        return bar_plot(path, groups, series,
+                        ylabel="test balanced accuracy (%), best-validation round, "
+                               "corrected 95 % CI", title=title)
+
+    bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics(),
+                  protocol="each run's result at its round with the lowest mean validation "
+                           "loss; mean [95 % CI] over the cells, corrected for shared "
+                           "subjects (Nadeau-Bengio)", check="comparison")
+    return 0

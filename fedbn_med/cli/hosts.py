@@ -1,0 +1,68 @@
+"""The multi-host modes: ``--serve`` (the consortium's server) and ``--site`` (one hospital).
+
+Both run one side of a federation whose other side is on other hosts; the server refuses
+to listen beyond this host without TLS unless told ``--insecure``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fedbn_med.cli.parser import server_options
+from fedbn_med.federation.config import ServerSettings
+from fedbn_med.spec import RunSpec
+
+__all__ = ["serve_mode", "site_mode"]
+
+
+def serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
+               workdir: Path) -> int:
+    """Run the federation server on ``--listen`` and wait for the sites; return 0."""
+    from fedbn_med.federation.run import FlowerOptions, serve
+
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen expects HOST:PORT such as 127.0.0.1:9092, got "
+                         f"'{args.listen}'.")
+    tls = None
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    if args.tls_dir is not None:
+        from fedbn_med.federation.launcher import TlsFiles
+
+        tls = TlsFiles(args.tls_dir / "ca.pem", args.tls_dir / "server.pem",
+                       args.tls_dir / "server.key")
+        missing = [str(p) for p in (tls.ca_cert, tls.server_cert, tls.server_key)
+                   if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"--tls-dir lacks {', '.join(missing)} (make them with "
+                                    "pipelines/consortium_keys.py).")
+    elif not loopback and not args.insecure:
+        raise ValueError(
+            f"The server would listen on {host}, beyond this host, without TLS. Pass "
+            "--tls-dir (see pipelines/consortium_keys.py), or --insecure on a network you "
+            "trust.")
+    settings = ServerSettings(workdir=workdir, tracking_uri=tracking_uri,
+                              federation_id="serve", resume=args.resume,
+                              allow_join=args.allow_join, **server_options(args))
+    options = FlowerOptions(settings, host=host, port=int(port), tls=tls,
+                            node_auth=tls is not None, progress=not args.quiet)
+    result = serve(spec, options)
+    print(result["table"])
+    return 0
+
+
+def site_mode(args: argparse.Namespace) -> int:
+    """Run one hospital's site (``--site``) against the server at ``--superlink``; return 0."""
+    from fedbn_med.federation.run import run_site
+    from fedbn_med.paths import resolve_data_dir
+
+    if not args.superlink:
+        raise ValueError("--site needs --superlink HOST:PORT of the federation server.")
+    state_dir = args.state_dir or resolve_data_dir() / "site_state"
+    run_site(args.site, args.superlink, state_dir=state_dir, data_dir=args.data_dir,
+             device=args.device or "auto", root_certificates=args.root_certificates,
+             auth_key=args.auth_key, insecure=args.insecure,
+             max_wait_time=args.wait_timeout or ServerSettings.wait_timeout,
+             share_private=args.share_private_layers)
+    return 0

@@ -1,0 +1,77 @@
+"""What the command line prints and logs when its runs are done.
+
+One run prints its per-site table; ``--compare`` gathers every run into a
+:class:`~fedbn_med.evaluation.comparison.Comparison` (with the ABIDE reference rows),
+prints its report and logs it to MLflow as one run named ``compare``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedbn_med.spec import RunSpec, settings_module
+
+if TYPE_CHECKING:
+    from fedbn_med.evaluation.comparison import Comparison
+
+__all__ = ["print_results"]
+
+
+def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str, ...],
+                  tracking_uri: str, seconds: float) -> None:
+    """Print one run's table, or the comparison's report (then log it to MLflow)."""
+    if compare:
+        comparison = _comparison(specs, results)
+        print("\n" + comparison.report())
+        run_id = _log_comparison(specs, comparison, tracking_uri)
+        print(f"\nMLflow: the comparison is run {run_id}, each strategy's runs beside it")
+    else:
+        spec = specs[0]
+        print(f"\n{results[0]['strategy']} after {spec.rounds} rounds (test split, fold "
+              f"{spec.fold}), % per site:\n")
+        print(results[0]["table"])
+    print(f"\nwall time {seconds:.1f} s; MLflow: mlflow ui --backend-store-uri {tracking_uri}")
+
+
+def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
+    from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
+
+    # the task's scores (MRI: Dice), else the protocol's (balanced accuracy, AUC, ...)
+    metrics = tuple(getattr(settings_module(specs[0].task), "METRICS", METRICS))
+    comparison = Comparison(sites=tuple(specs[0].sites), n_folds=specs[0].n_folds,
+                            metric_names=metrics)
+    for spec, result in zip(specs, results):
+        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
+                                      metrics=metrics))
+    if specs[0].task == "abide":  # the majority-class and motion-only rows
+        from fedbn_med.evaluation.references import add_reference_rows
+
+        add_reference_rows(comparison, specs[0], dict.fromkeys((s.fold, s.seed)
+                                                               for s in specs))
+    return comparison
+
+
+def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: str) -> str:
+    """Log the comparison's tables and figures as one MLflow run; return its id."""
+    from fedbn_med.evaluation.report import csv_text
+    from fedbn_med.tasks import get_task
+    from fedbn_med.tracking import FederationTracker
+
+    first = specs[0]
+    params = {**first.params(), "strategy": ",".join(comparison.strategies),
+              "folds": len({s.fold for s in specs}), "seeds": len({s.seed for s in specs}),
+              "seed": ",".join(str(s) for s in sorted({s.seed for s in specs})),
+              "fold": "all", "strategy_label": "compare"}
+    tracker = FederationTracker(get_task(first.task).experiment, "compare", params, sites=(),
+                                tracking_uri=tracking_uri,
+                                tags={"task": first.task, "kind": "compare"})
+    try:
+        tracker.log_metrics(comparison.metrics())
+        tracker.log_text(comparison.report() + "\n", "compare.md")
+        tracker.log_text(csv_text(comparison.rows()), "cells.csv")
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    tracker.finish()
+    return tracker.parent_id
+

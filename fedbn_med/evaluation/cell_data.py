@@ -1,0 +1,89 @@
+"""One cell's data: every site loaded and split for a (fold, seed), and a method's features.
+
+:func:`prepare_sites` loads each site's whole-series features and draws its split from
+the site's split seed and the repetition seed
+(:func:`fedbn_med.tasks.abide.splits.repetition_split_seed`), so that every method of a
+cell and its reference rows see the same subjects; validation is carved from the training
+part only. :func:`with_features` rebuilds the rows of a method whose strategy or settings
+transform the features (per-site z, ComBat, FD regression, sliding windows), fitted on
+the training rows only, on the same split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.tasks.abide.splits import Split
+    from fedbn_med.training.trainer import SiteData
+
+__all__ = ["PreparedSite", "prepare_sites", "with_features"]
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedSite:
+    """One site's data for one (fold, seed): its tensors, split, labels and mean FD."""
+
+    data: SiteData
+    split: Split
+    labels: np.ndarray
+    mean_fd: np.ndarray
+
+
+def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
+                  ) -> dict[str, PreparedSite]:
+    """Load every site of ``spec`` and split it for the spec's fold and repetition seed."""
+    import torch
+
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
+    from fedbn_med.training.trainer import SiteData
+
+    sites = sites or load_sites(list(spec.sites))
+    out = {}
+    for name, site in sites.items():
+        feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
+                                   name=site.name)
+        split = site_splits(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
+                            seed=repetition_split_seed(site.split_seed, spec.seed))
+        x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
+        y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
+
+        def part(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            index = torch.as_tensor(np.array(idx, dtype=np.int64))
+            return x[index], y[index]  # noqa: B023 - used within this iteration
+
+        data = SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
+        out[name] = PreparedSite(data, split, np.asarray(feats.labels),
+                                 np.asarray(feats.mean_fd, dtype=np.float64))
+    return out
+
+
+def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
+                  sites: Mapping[str, SiteConfig]) -> Mapping[str, PreparedSite]:
+    """Return the sites' data with the spec's feature chain applied, when it has one.
+
+    :func:`prepare_sites` gives whole-series features, which every method of a cell and
+    the reference rows share. A method whose strategy or settings transform them (per-site
+    z, ComBat, FD regression, sliding windows) gets its rows built as a run of it builds
+    them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on the training
+    rows only), on the same split.
+    """
+    from fedbn_med.tasks.abide.build import feature_transform, prepare_site_data
+
+    settings = spec.settings
+    if not (getattr(settings, "windows", 0) or getattr(settings, "fd_regression", False)
+            or feature_transform(spec) != "none"):
+        return prepared
+    return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec))
+            for name, p in prepared.items()}
+

@@ -1,0 +1,199 @@
+"""Round hooks: what a strategy adds to a site's local round, and the site state it keeps.
+
+A site's round (:meth:`fedbn_med.training.trainer.SiteTrainer.fit`) is one loop; what a
+strategy adds to it is a :class:`RoundHook` that the strategy supplies
+(:meth:`fedbn_med.fl.strategies.Strategy.site_hooks`). The trainer calls every hook, in
+order, at these points:
+
+- ``begin``: the global weights are loaded (and the BN statistics started), before the
+  first local step;
+- ``penalty``: a term added to each batch's loss (FedProx's proximal term);
+- ``after_backward``: after each backward pass, before the optimiser's step (SCAFFOLD's
+  gradient correction);
+- ``end``: on the weights the site is about to send; a hook may replace them (client-level
+  DP clips and noises them) and add to the round's metrics;
+- ``state`` / ``load``: what survives a restart, saved with the site's private layers.
+
+This module holds the base, :class:`ProximalHook` and :class:`DPHook` with the site's
+release history (:class:`Releases`); SCAFFOLD's hook is
+:class:`fedbn_med.fl.scaffold.ScaffoldHook`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, cast
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from fedbn_med.fl.partition import Partition
+    from fedbn_med.fl.privacy import UpdatePrivacy
+    from fedbn_med.fl.strategies import Strategy
+
+__all__ = ["DPHook", "HookedSite", "ProximalHook", "Releases", "RoundHook"]
+
+Weights = dict[str, torch.Tensor]
+
+
+class HookedSite(Protocol):
+    """What a hook may read of the site it runs at (a site trainer)."""
+
+    @property
+    def site(self) -> str:
+        """Return the site's name."""
+        ...
+
+    @property
+    def seed(self) -> int:
+        """Return the run's base seed."""
+        ...
+
+    @property
+    def lr(self) -> float:
+        """Return the local learning rate."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Return where the model computes."""
+        ...
+
+    @property
+    def model(self) -> nn.Module:
+        """Return the site's network."""
+        ...
+
+    @property
+    def partition(self) -> Partition:
+        """Return the split of the model's keys into shared and private."""
+        ...
+
+    @property
+    def exchanged(self) -> frozenset[str]:
+        """Return the keys the site sends and receives."""
+        ...
+
+    def shared_weights(self) -> Weights:
+        """Return copies of the exchanged tensors, on the CPU."""
+        ...
+
+
+class RoundHook:
+    """A strategy's part of a local round; every method does nothing unless overridden."""
+
+    def begin(self, site: HookedSite, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
+        """Prepare round ``rnd`` (``server``: what the server sent besides the weights)."""
+
+    def penalty(self, model: nn.Module) -> torch.Tensor | None:
+        """Return a term to add to a batch's loss, or None."""
+        return None
+
+    def after_backward(self, scale: float) -> None:
+        """Act on the gradients of one step (``scale``: a gradient scaler's current scale)."""
+
+    def end(self, site: HookedSite, rnd: int, sent: Weights,
+            metrics: dict[str, float]) -> Weights:
+        """Return the weights to send (``sent``, or a replacement); may add to ``metrics``."""
+        return sent
+
+    def state(self) -> tuple[Weights, dict[str, object]]:
+        """Return the tensors and values this hook keeps across a restart."""
+        return {}, {}
+
+    def load(self, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, object]) -> None:
+        """Restore what :meth:`state` returned."""
+
+
+class ProximalHook(RoundHook):
+    """FedProx: add ``mu/2 * ||w - w_global||^2`` over the exchanged parameters to the loss."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self.anchor: Weights = {}
+
+    def begin(self, site: HookedSite, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
+        """Hold the received values of the exchanged keys."""
+        self.anchor = {k: v.detach().clone() for k, v in site.model.state_dict().items()
+                       if k in site.exchanged}
+
+    def penalty(self, model: nn.Module) -> torch.Tensor | None:
+        """Return the strategy's proximal term around the received weights."""
+        return self.strategy.proximal_term(model, self.anchor)
+
+
+class Releases:
+    """A site's DP releases, as Opacus's accountant history: ``(noise, sample_rate, n)``.
+
+    Site state: it survives a restart in the site's state file (``dp_history``), whether
+    or not this run adds noise, so that the epsilon a site spent is never counted from zero.
+    """
+
+    def __init__(self) -> None:
+        self.history: list[tuple[float, float, int]] = []
+
+    @property
+    def count(self) -> int:
+        """Return the number of releases."""
+        return sum(n for _, _, n in self.history)
+
+    def record(self, noise: float) -> None:
+        """Count one release of noise multiplier ``noise`` (sampling rate 1)."""
+        last = self.history[-1] if self.history else None
+        if last is not None and last[0] == noise:
+            self.history[-1] = (last[0], last[1], last[2] + 1)
+        else:
+            self.history.append((noise, 1.0, 1))
+
+    def spent(self, delta: float) -> float:
+        """Return the epsilon of every release at ``delta``."""
+        from fedbn_med.fl.privacy import epsilon
+
+        return epsilon(0.0, 0, delta, self.history)
+
+    def to_list(self) -> list[list[float]]:
+        """Return the history as lists (for a state file's metadata)."""
+        return [list(h) for h in self.history]
+
+    def load(self, history: object) -> None:
+        """Restore a history written by :meth:`to_list` (None: no release yet)."""
+        rows = cast("list[list[float]]", history or [])
+        self.history = [(float(s), float(q), int(n)) for s, q, n in rows]
+
+
+class DPHook(RoundHook):
+    """Client-level DP: clip and noise the update a site sends; count the release.
+
+    Parameters
+    ----------
+    privacy : UpdatePrivacy
+        The site's clip norm, noise multiplier and delta.
+    releases : Releases
+        The site's release history, which this hook extends once per round.
+    """
+
+    def __init__(self, privacy: UpdatePrivacy, releases: Releases) -> None:
+        self.privacy = privacy
+        self.releases = releases
+        self._start: Weights = {}
+
+    def begin(self, site: HookedSite, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
+        """Hold the received weights: the reference of the update."""
+        self._start = site.shared_weights()
+
+    def end(self, site: HookedSite, rnd: int, sent: Weights,
+            metrics: dict[str, float]) -> Weights:
+        """Return the privatised weights; report the epsilon spent so far."""
+        from fedbn_med.fl.dp_terms import noise_generator, replace_one_epsilon
+
+        privacy = self.privacy
+        sent = privacy.privatize(sent, self._start,
+                                 noise_generator(privacy, site.seed, site.site, rnd))
+        self.releases.record(privacy.noise)
+        metrics.update(dp_epsilon=self.releases.spent(privacy.delta), dp_delta=privacy.delta,
+                       dp_noise=privacy.noise, dp_clip=privacy.clip,
+                       dp_epsilon_replace_one=replace_one_epsilon(self.releases.history,
+                                                                  privacy.delta),
+                       dp_seeded=float(privacy.seeded))
+        return sent

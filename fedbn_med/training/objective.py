@@ -1,0 +1,178 @@
+"""What a site trains for and how it is scored: a task's objective.
+
+:class:`~fedbn_med.training.trainer.SiteTrainer` has one training loop and one scoring
+loop; what differs between tasks is here. An :class:`Objective` says how a site's data
+are batched (for training and for estimating BN statistics), the loss of a batch, and
+the metrics of a validation or test split. :class:`BinaryClassification` is the one of
+tensor data with two logits per row (ABIDE: control or ASD); the imaging tasks' are
+:class:`fedbn_med.tasks.imaging.trainer.ImageObjective` and its subclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from fedbn_med.evaluation.metrics import classification_metrics
+
+__all__ = ["BinaryClassification", "Objective", "ShapeMismatchError", "binary_scores"]
+
+#: ``seeds(*labels)``: a seed derived from the run's seed, the site and the round.
+Seeds = Callable[..., int]
+
+
+class ShapeMismatchError(ValueError):
+    """Raised when weights or data do not fit a site's model."""
+
+
+class Objective:
+    """A task's batching, loss and scores; subclasses give each.
+
+    ``mixed_precision``: whether the trainer computes in mixed precision on CUDA by
+    default (imaging networks), or never unless asked (the ABIDE MLP).
+    """
+
+    mixed_precision: ClassVar[bool] = False
+
+    def check(self, site: str, model: nn.Module, data: Any) -> None:
+        """Raise when a site's data cannot train this model."""
+
+    def batches(self, data: Any, batch_size: int, epochs: int, seeds: Seeds
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield ``(inputs, targets)`` training batches (CPU) of a round's epochs.
+
+        Batches of one example are left out: batch norm cannot train on them.
+        """
+        raise NotImplementedError
+
+    def bn_inputs(self, data: Any, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+        """Yield the training inputs the BN running statistics are estimated from."""
+        raise NotImplementedError
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Return the training loss of a batch."""
+        raise NotImplementedError
+
+    def score(self, model: nn.Module, data: Any, split: str, device: torch.device
+              ) -> dict[str, float]:
+        """Return the metrics of ``model`` on a split (``{}`` when the split is empty)."""
+        raise NotImplementedError
+
+
+@torch.no_grad()
+def binary_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+                  groups: torch.Tensor | None = None, majority: int | None = None
+                  ) -> dict[str, float]:
+    """Return the binary classification metrics of ``model`` on ``(x, y)``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A network with two logits per row (positive class second); put in eval mode.
+    x, y : torch.Tensor
+        Inputs and ``int64`` labels.
+    device : torch.device
+        Where the model computes (in chunks of 512 rows).
+    groups : torch.Tensor, optional
+        The subject of each row (several rows per subject, e.g. sliding windows): a
+        subject is scored once, by the mean of its rows' probabilities.
+    majority : int, optional
+        The training split's majority class, for the majority-class rate.
+
+    Returns
+    -------
+    dict of str to float
+        :func:`fedbn_med.evaluation.metrics.classification_metrics` of the split.
+    """
+    model.eval()
+    logits = torch.cat([model(x[s:s + 512].to(device)).cpu() for s in range(0, x.shape[0], 512)])
+    if groups is None:
+        loss = float(nn.functional.cross_entropy(logits, y))
+        prob = torch.softmax(logits, dim=1)[:, 1].numpy()
+        return classification_metrics(y.numpy(), prob, loss, majority=majority)
+    # One score per subject: the mean of its rows' (windows') probabilities.
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n = int(inverse.max()) + 1
+    probs = torch.zeros(n, logits.shape[1], dtype=torch.float64).index_add_(
+        0, inverse, torch.softmax(logits.double(), dim=1))
+    probs /= torch.bincount(inverse, minlength=n).unsqueeze(1)
+    labels = torch.zeros(n, dtype=torch.int64).scatter_(0, inverse, y)
+    loss = float(nn.functional.nll_loss(torch.log(probs.clamp_min(1e-12)), labels))
+    return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss, majority=majority)
+
+
+class BinaryClassification(Objective):
+    """Tensor data, two logits per row: cross-entropy to train, binary metrics to score.
+
+    The data are a :class:`~fedbn_med.training.trainer.SiteData`. Training batches are
+    drawn from a generator seeded per site and round; BN statistics come from the training
+    split in its order. A split with ``<split>_groups`` is scored per subject.
+    """
+
+    def check(self, site: str, model: nn.Module, data: Any) -> None:
+        """Check feature counts, label counts and finiteness of every split."""
+        expected = getattr(model, "in_features", None)
+        for split, (x, y) in zip(("train", "val", "test"), (data.train, data.val, data.test)):
+            if expected is not None and x.ndim == 2 and x.shape[1] != expected:
+                raise ShapeMismatchError(
+                    f"Site '{site}' has {split} data of shape {tuple(x.shape)} but the "
+                    f"federation's model expects {expected} features per example "
+                    f"(shape (N, {expected}))."
+                )
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"Site '{site}' {split} split has {x.shape[0]} examples but "
+                    f"{y.shape[0]} labels."
+                )
+            if not torch.isfinite(x).all():
+                raise ValueError(f"Site '{site}' {split} data contains NaN or Inf.")
+
+    def batches(self, data: Any, batch_size: int, epochs: int, seeds: Seeds
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Yield shuffled training batches, a new order every epoch."""
+        gen = torch.Generator().manual_seed(seeds("shuffle"))
+        x, y = data.train
+        n = x.shape[0]
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen)
+            for start in range(0, n, batch_size):
+                idx = order[start:start + batch_size]
+                if idx.numel() < 2:  # batch norm cannot train on a single example
+                    continue
+                yield x[idx], y[idx]
+
+    def bn_inputs(self, data: Any, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+        """Yield the training inputs in training-sized batches, in split order."""
+        x = data.train[0]
+        for start in range(0, x.shape[0], batch_size):
+            yield x[start:start + batch_size]
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Return the mean cross-entropy of the logits."""
+        return nn.functional.cross_entropy(output, target)
+
+    def score(self, model: nn.Module, data: Any, split: str, device: torch.device
+              ) -> dict[str, float]:
+        """Return the split's metrics, per subject when it has groups."""
+        x, y = getattr(data, split)
+        if x.shape[0] == 0:
+            return {}
+        return binary_scores(model, x, y, device, getattr(data, f"{split}_groups"),
+                             majority=_train_majority(data))
+
+
+def _train_majority(data: Any) -> int | None:
+    """Return the majority class of the training split, None without one.
+
+    Ties go to the positive class, as in the protocol's majority-class row (which
+    predicts the training share of positives at the 0.5 threshold). Counted over the
+    training rows: with sliding windows, a subject counts once per window.
+    """
+    train = getattr(data, "train", None)
+    if not (isinstance(train, tuple) and len(train) == 2
+            and isinstance(train[1], torch.Tensor) and train[1].numel() > 0):
+        return None
+    return int(float(train[1].double().mean()) >= 0.5)

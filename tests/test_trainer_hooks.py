@@ -1,0 +1,94 @@
+"""The site trainer's one loop: round hooks, the strategy's hooks, BN statistics in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from fedbn_med.fl.hooks import DPHook, ProximalHook, RoundHook
+from fedbn_med.fl.privacy import UpdatePrivacy
+from fedbn_med.fl.scaffold import ScaffoldHook
+from fedbn_med.fl.strategies import FedAvg, FedBN, FedBNScaffold, FedProx
+from fedbn_med.onboarding.bn_adapt import estimate_bn_statistics
+from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.training.bn_stats import start_bn_statistics
+from fedbn_med.training.trainer import SiteTrainer
+
+from .test_driver import _site_data
+
+
+class Recorder(RoundHook):
+    """A hook that counts its calls, marks what is sent and keeps a counter as state."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.steps = 0
+        self.rounds = 0
+
+    def begin(self, site, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
+        self.calls.append(f"begin {rnd}")
+
+    def after_backward(self, scale: float) -> None:
+        self.steps += 1
+
+    def end(self, site, rnd, sent, metrics):
+        self.calls.append(f"end {rnd}")
+        self.rounds += 1
+        metrics["recorded_steps"] = float(self.steps)
+        return {k: torch.zeros_like(v) for k, v in sent.items()}
+
+    def state(self):
+        return {"recorder/rounds": torch.tensor(self.rounds)}, {"recorder": self.rounds}
+
+    def load(self, tensors, meta) -> None:
+        self.rounds = int(meta["recorder"])
+
+
+def _trainer(strategy=None, **options) -> SiteTrainer:
+    torch.manual_seed(0)
+    return SiteTrainer("A", AbideMLP(12), _site_data(0.0, 1.0, 0), strategy or FedBN(),
+                       batch_size=16,
+                       seed=0, device="cpu", **options)
+
+
+def test_a_hook_runs_at_every_point_of_the_round_and_its_state_survives():
+    hook = Recorder()
+    trainer = _trainer(hooks=[hook])
+    sent, _, metrics = trainer.fit(trainer.shared_weights(), {"round": 1})
+    assert hook.calls == ["begin 1", "end 1"]
+    assert hook.steps == 3 and metrics["recorded_steps"] == 3.0  # 36 rows, batches of 16
+    assert all(not v.any() for v in sent.values())  # what the hook returned is sent
+    tensors, meta = trainer.site_state()
+    assert set(tensors) == {"recorder/rounds"} and meta["recorder"] == 1
+    assert meta["dp_history"] == []
+    again = _trainer(hooks=[Recorder()])
+    again.load_site_state(tensors, meta)
+    assert again.hooks[0].rounds == 1
+
+
+def test_the_strategy_supplies_its_hooks_in_order():
+    assert _trainer(FedBN()).hooks == []
+    assert [type(h) for h in _trainer(FedProx()).hooks] == [ProximalHook]
+    dp = UpdatePrivacy(clip=1.0, noise=1.0)
+    hooks = _trainer(FedBNScaffold(mu=0.01), privacy=dp).hooks
+    # DP before SCAFFOLD: the variate is updated from what DP released
+    assert [type(h) for h in hooks] == [ProximalHook, DPHook, ScaffoldHook]
+    trainer = _trainer(FedAvg())
+    assert trainer.privacy is None
+    trainer.privacy = dp
+    assert trainer.privacy == dp and [type(h) for h in trainer.hooks] == [DPHook]
+
+
+def test_onboarding_and_training_start_bn_statistics_alike():
+    x = _site_data(0.0, 1.0, 0).train[0]
+    torch.manual_seed(0)
+    a, b = AbideMLP(12, dropout=0.5), AbideMLP(12, dropout=0.5)
+    b.load_state_dict(a.state_dict())
+    estimate_bn_statistics(a, x, batch_size=16)
+    assert start_bn_statistics(b, (x[s:s + 16] for s in range(0, len(x), 16)))
+    for (key, left), right in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(left, right), key
+    with pytest.raises(ValueError, match="needs at least 2 examples"):
+        estimate_bn_statistics(a, x[:1])
