@@ -17,7 +17,8 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from safetensors.torch import save_file
 import mlflow
 from fedbn_med.paths import repo_root
 
-__all__ = ["FederationTracker", "default_tracking_uri", "warm_up"]
+__all__ = ["FederationTracker", "default_tracking_uri", "end_status", "tracked", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -238,10 +239,61 @@ class FederationTracker:
             self.client.log_artifact(self.parent_id, str(path), "model")
 
     def finish(self, status: str = "FINISHED") -> None:
-        """Close the parent and child runs."""
+        """Close the parent and child runs with ``status`` (:func:`tracked` calls this)."""
         for run_id in self.site_runs.values():
             self.client.set_terminated(run_id, status)
         self.client.set_terminated(self.parent_id, status)
+
+
+def end_status(error: BaseException | None) -> str:
+    """Return the MLflow status a run ends with when ``error`` (None: none) ended it.
+
+    ``FINISHED`` without an error; ``KILLED`` when it was stopped from outside (Ctrl-C's
+    ``KeyboardInterrupt``, or the ``SystemExit`` a signal handler raises); ``FAILED`` on
+    any other exception.
+    """
+    if error is None:
+        return "FINISHED"
+    if isinstance(error, (KeyboardInterrupt, SystemExit)):
+        return "KILLED"
+    return "FAILED"
+
+
+@contextmanager
+def tracked(
+    experiment: str,
+    run_name: str,
+    params: Mapping[str, object],
+    sites: Iterable[str] = (),
+    *,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Iterator[FederationTracker]:
+    """Open a :class:`FederationTracker` and close its runs however the block ends.
+
+    The parameters are the tracker's. The runs end ``FINISHED`` when the block completes,
+    ``KILLED`` when it is interrupted and ``FAILED`` on any other exception (see
+    :func:`end_status`); the exception goes on. Every place in this package that starts
+    runs opens them here, so that no error leaves a run ``RUNNING``.
+
+    Example::
+
+        with tracked("abide-fedbn", "fedbn", {"rounds": 3}, ["UCLA"]) as tracker:
+            tracker.log_round(1, {"UCLA": {"test_accuracy": 0.6}})
+    """
+    tracker = FederationTracker(experiment, run_name, params, sites, tracking_uri=tracking_uri,
+                                parent_run_id=parent_run_id, tags=tags)
+    try:
+        yield tracker
+    except BaseException as err:
+        try:
+            tracker.finish(end_status(err))
+        except Exception:  # the store's own failure must not hide the run's
+            logger.warning("Could not mark MLflow run %s %s", tracker.parent_id,
+                           end_status(err), exc_info=True)
+        raise
+    tracker.finish()
 
 
 def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:

@@ -10,6 +10,7 @@ from types import ModuleType
 import pytest
 
 from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, generate_cohort
+from tests import stores
 
 SMALL_COHORT_SCALE = 0.5
 SMALL_COHORT_SEED = 0
@@ -36,6 +37,15 @@ def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
         site_effect=1.0,
         n_subjects_scale=SMALL_COHORT_SCALE,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mlflow_template_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Make the tests' empty MLflow store (:mod:`tests.stores`) in this session's temp dir.
+
+    Only the folder is chosen here; the store is made the first time a test asks for one.
+    """
+    stores.TEMPLATE_DIR = tmp_path_factory.mktemp("mlflow_template")
 
 
 BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -117,10 +117,12 @@ def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300
     ``server`` are :class:`ServerSettings` fields (``wait_timeout`` defaults to 60 s);
     the MLflow store is ``<root>/mlflow.db``. A run that fails gives ``{"error": ...}``.
     """
+    from .stores import sqlite_store  # not at the top: a wrapped node imports this file
+
     workdir = c.root / name
     settings = ServerSettings(**{
         "workdir": workdir, "federation_id": name, "node_sites": c.node_sites,
-        "tracking_uri": f"sqlite:///{c.root / 'mlflow.db'}", "wait_timeout": 60.0,
+        "tracking_uri": sqlite_store(c.root / "mlflow.db"), "wait_timeout": 60.0,
         **server})
     events: list[dict] = []
     run = c.fed.submit(run_config(spec, settings), results_dir=workdir)

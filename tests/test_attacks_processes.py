@@ -23,6 +23,8 @@ from fedbn_med.federation.launcher.processes import terminate_tree
 from fedbn_med.federation.node import _load_auth_keys
 from fedbn_med.paths import repo_root
 
+from .stores import sqlite_store
+
 pytestmark = pytest.mark.integration
 
 PIPELINE = str(repo_root() / "pipelines" / "abide_fedbn.py")
@@ -35,7 +37,7 @@ def _serve(workdir: Path, port: int, cohort: Path, *extra: str) -> subprocess.Po
             [sys.executable, PIPELINE, "--serve", "--listen", f"127.0.0.1:{port}", "--sites",
              "NYU,UM", "--rounds", "2", "--wait-timeout", "300", "--workdir", str(workdir),
              "--data-dir", str(cohort), "--tracking-uri",
-             f"sqlite:///{workdir.parent / 'mlflow.db'}", "--quiet", *extra],
+             sqlite_store(workdir.parent / "mlflow.db"), "--quiet", *extra],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

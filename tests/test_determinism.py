@@ -29,6 +29,8 @@ import torch
 
 from fedbn_med.federation.client_app import MAX_LOSS
 
+from .stores import sqlite_store
+
 ROOT = Path(__file__).resolve().parents[1]
 SITES = "USM,UCLA"  # the two smallest default sites: a quick cohort
 #: Sites of the real-shaped release (their files are in sites/) and their subjects.
@@ -109,7 +111,7 @@ def _run(tmp: Path, tag: str, threads: int, sites: str, rounds: int, *options: s
            "FLWR_TELEMETRY_ENABLED": "0"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "pipelines" / "abide_fedbn.py"), "--sites", sites,
-         "--rounds", str(rounds), "--quiet", "--tracking-uri", f"sqlite:///{store}",
+         "--rounds", str(rounds), "--quiet", "--tracking-uri", sqlite_store(store),
          "--workdir", str(tmp / f"work-{tag}"), *options],
         env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -13,6 +13,8 @@ from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation
 from fedbn_med.spec import RunSpec
 
+from .stores import sqlite_store
+
 pytestmark = pytest.mark.integration
 
 SITES = ("NYU", "UM", "USM", "UCLA")
@@ -24,7 +26,7 @@ class _Stop(Exception):
 
 def _run_config(config, tmp_path, **server):
     return run_config(config, ServerSettings(**{
-        "workdir": tmp_path / "run", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "workdir": tmp_path / "run", "tracking_uri": sqlite_store(tmp_path / "mlflow.db"),
         "federation_id": "faults", "wait_timeout": 120.0, **server}))
 
 

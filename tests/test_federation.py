@@ -20,6 +20,7 @@ from fedbn_med.fl.scaffold import split_controls
 from fedbn_med.spec import RunSpec
 from fedbn_med.training.inprocess import run_spec
 
+from .stores import sqlite_store
 from .test_privacy import (
     check_no_clean_update_left_the_site,
     check_no_private_tensor_left_the_site,
@@ -55,7 +56,7 @@ def federation(small_cohort, tmp_path_factory):
 
 def _submit(fed, config, tmp_path, **server):
     rc = run_config(config, ServerSettings(**{
-        "workdir": tmp_path, "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "workdir": tmp_path, "tracking_uri": sqlite_store(tmp_path / "mlflow.db"),
         "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
     events = []

@@ -30,6 +30,7 @@ from fedbn_med.paths import repo_root
 from fedbn_med.spec import RunSpec
 
 from .keyed import keyed_federation, run_federation, start_honest, start_wrapped, stop_nodes
+from .stores import sqlite_store
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def consortium(small_cohort, tmp_path_factory):
                      str(root / "keys"), "--sites", "NYU,UM", "--rounds", "2",
                      "--wait-timeout", "400", "--round-timeout", "60",
                      "--workdir", str(root / "server"), "--data-dir", str(small_cohort),
-                     "--tracking-uri", f"sqlite:///{root / 'mlflow.db'}", "--quiet"],
+                     "--tracking-uri", sqlite_store(root / "mlflow.db"), "--quiet"],
                     root / "server.log")
     sites: list[subprocess.Popen] = []
     try:
@@ -166,7 +167,7 @@ def test_sigterm_stops_every_process_of_the_server(tmp_path, small_cohort):
     server = _start(["--serve", "--listen", f"127.0.0.1:{port}", "--sites", "NYU,UM",
                      "--rounds", "1", "--wait-timeout", "300", "--workdir",
                      str(tmp_path / "server"), "--data-dir", str(small_cohort),
-                     "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--quiet"],
+                     "--tracking-uri", sqlite_store(tmp_path / "mlflow.db"), "--quiet"],
                     tmp_path / "server.log")
     try:
         _wait(lambda: any(e["event"] == "server-started"
@@ -199,7 +200,7 @@ def test_a_site_refuses_a_run_that_would_take_its_private_layers(small_cohort, t
         spec = RunSpec(strategy="fedavg", rounds=1, sites=("NYU",), data_dir=small_cohort)
         settings = ServerSettings(workdir=tmp_path / "run", wait_timeout=20.0,
                                   federation_id="f-1",
-                                  tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+                                  tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
         run = fed.submit(run_config(spec, settings), results_dir=tmp_path / "run")
         with pytest.raises(FederationError):
             fed.watch(run, timeout=240, results_dir=tmp_path / "run")

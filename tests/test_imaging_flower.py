@@ -16,6 +16,7 @@ from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation
 from fedbn_med.spec import RunSpec
 
+from .stores import sqlite_store
 from .wiretap import Wiretap
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ def test_unet_federation_keeps_adn_layers_at_the_site(tmp_path):
             fed.wait_sites_ready(list(sites), timeout=300)
             rc = run_config(config, ServerSettings(
                 workdir=tmp_path / "run", federation_id="mri",
-                tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"))
+                tracking_uri=sqlite_store(tmp_path / "mlflow.db")))
             results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), timeout=600,
                                 results_dir=tmp_path / "run")
         finally:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.mlflow_ui import mlflow_server
+from tests.stores import sqlite_store
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +98,7 @@ def _log_run(store: Path, data_dir: Path, workdir: Path, *options: str) -> None:
     """Run the real CLI (in-process engine, two rounds) into the sqlite ``store``."""
     env = {**os.environ, "FEDBN_MED_DATA": str(workdir / "data"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(PIPELINE), "--engine", "inprocess", "--rounds", str(ROUNDS),
-           "--tracking-uri", f"sqlite:///{store}", "--data-dir", str(data_dir),
+           "--tracking-uri", sqlite_store(store), "--data-dir", str(data_dir),
            "--workdir", str(workdir / "work"), "--quiet", *options]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"

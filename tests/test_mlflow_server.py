@@ -14,6 +14,7 @@ from fedbn_med.tracking import FederationTracker
 from fedbn_med.training.inprocess import run_in_process
 from fedbn_med.training.trainer import SiteData, SiteTrainer
 from tests.mlflow_ui import mlflow_server as serve
+from tests.stores import sqlite_store
 
 pytestmark = pytest.mark.integration
 
@@ -32,6 +33,7 @@ def _get(base: str, path: str) -> dict:
 
 @pytest.fixture()
 def mlflow_server(tmp_path):
+    sqlite_store(tmp_path / "server.db")  # the server's store, already at MLflow's schema
     with serve(tmp_path / "server.db", tmp_path / "artifacts") as base:
         yield base
 

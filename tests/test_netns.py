@@ -19,6 +19,8 @@ from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation, free_port
 from fedbn_med.spec import RunSpec
 
+from .stores import sqlite_store
+
 pytestmark = pytest.mark.integration
 
 SUBNET = "10.231.7"  # the namespaces' own addresses, on links made by this test
@@ -102,7 +104,7 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
                 cut["restored"] = time.monotonic()
 
         rc = run_config(config, ServerSettings(
-            workdir=tmp_path / "run", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+            workdir=tmp_path / "run", tracking_uri=sqlite_store(tmp_path / "mlflow.db"),
             federation_id="netns", min_sites=1, round_timeout=6.0))
         results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), on_event=on_event,
                             timeout=600, results_dir=tmp_path / "run")

@@ -70,7 +70,8 @@ def test_bad_json_is_refused_clearly(tmp_path):
         RunSpec.from_json(json.dumps({"settings": {"image_size": 64}}))
     with pytest.raises(ValueError, match=f"no '{RUN_CONFIG_KEY}' entry"):
         read_run_config({"rounds": 3})
-    with pytest.raises(ValueError, match="federation_id must be 1-64 letters"):
+    with pytest.raises(ValueError, match=r"federation_id must be 1 to 64 letters, digits, "
+                       r"'-' or '_' \(it names a folder at every site\), got '/etc/passwd'"):
         ServerSettings(workdir=tmp_path, federation_id="/etc/passwd")
 
 

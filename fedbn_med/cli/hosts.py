@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fedbn_med.cli.parser import server_options
 from fedbn_med.federation.config import ServerSettings
+from fedbn_med.federation.names import is_loopback
 from fedbn_med.spec import RunSpec
 
 __all__ = ["serve_mode", "site_mode"]
@@ -26,7 +27,6 @@ def serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
         raise ValueError(f"--listen expects HOST:PORT such as 127.0.0.1:9092, got "
                          f"'{args.listen}'.")
     tls = None
-    loopback = host in ("127.0.0.1", "localhost", "::1")
     if args.tls_dir is not None:
         from fedbn_med.federation.launcher import TlsFiles
 
@@ -37,7 +37,7 @@ def serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
         if missing:
             raise FileNotFoundError(f"--tls-dir lacks {', '.join(missing)} (make them with "
                                     "pipelines/consortium_keys.py).")
-    elif not loopback and not args.insecure:
+    elif not is_loopback(host) and not args.insecure:
         raise ValueError(
             f"The server would listen on {host}, beyond this host, without TLS. Pass "
             "--tls-dir (see pipelines/consortium_keys.py), or --insecure on a network you "

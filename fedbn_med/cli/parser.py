@@ -14,10 +14,10 @@ from typing import Any
 
 from fedbn_med.cli.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
+from fedbn_med.federation.names import NAME_RULE, is_plain_name
 from fedbn_med.fl.strategies import STRATEGIES
 from fedbn_med.fl.weighting import WEIGHTINGS
 from fedbn_med.spec import BN_INITS, TASK_NAMES, RunSpec, settings_module, task_defaults
-from fedbn_med.tasks.site_toml import SITE_NAME
 
 __all__ = ["COMPARE_SEEDS", "build_parser", "compare_list", "server_options", "spec_from_args"]
 
@@ -38,9 +38,9 @@ def _sites(text: str) -> tuple[str, ...]:
 
 
 def _site_name(text: str) -> str:
-    if not SITE_NAME.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"a site's name is letters, digits, '-' or '_' (it "
-                                         f"names its file in sites/), got '{text}'")
+    if not is_plain_name(text):
+        raise argparse.ArgumentTypeError(f"a site's name is {NAME_RULE} (it names its file "
+                                         f"in sites/), got '{text}'")
     return text
 
 

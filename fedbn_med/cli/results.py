@@ -55,23 +55,17 @@ def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: 
     """Log the comparison's tables and figures as one MLflow run; return its id."""
     from fedbn_med.evaluation.report import csv_text
     from fedbn_med.tasks import get_task
-    from fedbn_med.tracking import FederationTracker
+    from fedbn_med.tracking import tracked
 
     first = specs[0]
     params = {**first.params(), "strategy": ",".join(comparison.strategies),
               "folds": len({s.fold for s in specs}), "seeds": len({s.seed for s in specs}),
               "seed": ",".join(str(s) for s in sorted({s.seed for s in specs})),
               "fold": "all", "strategy_label": "compare"}
-    tracker = FederationTracker(get_task(first.task).experiment, "compare", params, sites=(),
-                                tracking_uri=tracking_uri,
-                                tags={"task": first.task, "kind": "compare"})
-    try:
+    with tracked(get_task(first.task).experiment, "compare", params, tracking_uri=tracking_uri,
+                 tags={"task": first.task, "kind": "compare"}) as tracker:
         tracker.log_metrics(comparison.metrics())
         tracker.log_text(comparison.report() + "\n", "compare.md")
         tracker.log_text(csv_text(comparison.rows()), "cells.csv")
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    tracker.finish()
     return tracker.parent_id
 

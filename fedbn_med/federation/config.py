@@ -25,15 +25,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedbn_med.federation.names import NAME_RULE, check_name, is_plain_name
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 
 __all__ = ["NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
            "run_config", "seal_run_config"]
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: Folder under ``$FLWR_HOME`` where sealed server settings wait for their ServerApp.
 SEALED_DIR = "fedbn-med-server"
 _TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+def _check_federation_id(federation_id: object) -> None:
+    # The server sends it and it names a folder at the site: refused unless plain.
+    if not is_plain_name(federation_id):
+        raise ValueError(f"Refused federation id {repr(federation_id)[:80]} from the server: "
+                         f"expected {NAME_RULE}.")
 
 
 def _load_json(cfg: Mapping[str, object], what: str) -> dict[str, Any]:
@@ -106,11 +113,9 @@ class ServerSettings:
         object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))
         if not str(self.workdir):
             raise ValueError("The server settings must name a workdir.")
-        if not isinstance(self.federation_id, str) or not _NAME.fullmatch(self.federation_id):
-            raise ValueError(f"federation_id must be 1-64 letters, digits, '-' or '_' (it names "
-                             f"a folder at every site), got {self.federation_id!r}.")
+        check_name(self.federation_id, "federation_id", "it names a folder at every site")
         if not isinstance(self.node_sites, dict) or not all(
-                isinstance(n, str) and n.isdigit() and isinstance(s, str) and _NAME.fullmatch(s)
+                isinstance(n, str) and n.isdigit() and is_plain_name(s)
                 for n, s in self.node_sites.items()):
             raise ValueError("node_sites must map node IDs (digits) to plain site names, got "
                              f"{self.node_sites!r}.")
@@ -229,9 +234,7 @@ def read_site_config(cfg: Mapping[str, object]) -> tuple[RunSpec, str]:
     server = values.get("server")
     federation_id = (server.get("federation_id", "default") if isinstance(server, dict)
                      else values.get("federation_id", "default"))
-    if not isinstance(federation_id, str) or not _NAME.fullmatch(federation_id):
-        raise ValueError(f"Refused federation id {federation_id!r} from the server: "
-                         "expected 1-64 letters, digits, '-' or '_'.")
+    _check_federation_id(federation_id)
     return site_view(RunSpec.from_dict(values["run"])), federation_id
 
 
@@ -261,9 +264,7 @@ class NodeSettings:
     share_private: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.site, str) or not _NAME.fullmatch(self.site):
-            raise ValueError("The node config must name its site in letters, digits, '-' or "
-                             f"'_' (e.g. site='UCLA'), got {self.site!r}.")
+        check_name(self.site, "The node config's site", "e.g. site='UCLA'")
         if not isinstance(self.share_private, bool):
             raise ValueError(f"share_private must be true or false, got {self.share_private!r}.")
         if not str(self.state_dir):
@@ -278,9 +279,7 @@ class NodeSettings:
         ``federation_id`` comes from the server: it must be a plain name, and the path
         is checked to stay under ``state_dir`` whatever it says.
         """
-        if not isinstance(federation_id, str) or not _NAME.fullmatch(federation_id):
-            raise ValueError(f"Refused federation id {federation_id!r} from the server: "
-                             "expected 1-64 letters, digits, '-' or '_'.")
+        _check_federation_id(federation_id)
         root = Path(self.state_dir).resolve()
         path = (root / federation_id / f"{self.site}.safetensors").resolve()
         if not path.is_relative_to(root):

@@ -11,7 +11,6 @@ import datetime as dt
 import ipaddress
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +20,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-__all__ = ["SITE_NAME", "ConsortiumFiles", "create_consortium", "read_site_keys",
+from fedbn_med.federation.names import LOOPBACK_HOSTS, NAME_RULE, is_plain_name
+
+__all__ = ["ConsortiumFiles", "create_consortium", "read_site_keys",
            "site_keys_path"]
 
-#: A site's name: it names files and folders, so nothing but these characters.
-SITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SITE_KEYS = "sites.json"
-#: The server's own processes reach the SuperLink on loopback, over the same TLS.
-_LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -86,10 +83,9 @@ def read_site_keys(tls_dir: str | Path) -> dict[str, str]:
     except ValueError as err:
         raise ValueError(f"Key list {path} is not valid JSON: {err}.") from err
     if not isinstance(keys, dict) or not all(
-            isinstance(k, str) and SITE_NAME.fullmatch(k) and isinstance(v, str) and v
-            for k, v in keys.items()):
-        raise ValueError(f"Key list {path} must map plain site names (letters, digits, "
-                         "'-', '_') to OpenSSH public keys.")
+            is_plain_name(k) and isinstance(v, str) and v for k, v in keys.items()):
+        raise ValueError(f"Key list {path} must map plain site names ({NAME_RULE}) to "
+                         "OpenSSH public keys.")
     if len(set(keys.values())) != len(keys):
         raise ValueError(f"Key list {path} gives one public key to several sites.")
     return keys
@@ -117,10 +113,10 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         raise ValueError("Name at least one server host (e.g. fl.consortium.example).")
     if not sites:
         raise ValueError("Name at least one site.")
-    bad = [s for s in sites if not SITE_NAME.fullmatch(s)]
+    bad = [s for s in sites if not is_plain_name(s)]
     if bad or len(set(sites)) != len(sites):
-        raise ValueError(f"Site names must be distinct and plain (letters, digits, '-', "
-                         f"'_'); got {list(sites)}.")
+        raise ValueError(f"Site names must be distinct and plain ({NAME_RULE}); got "
+                         f"{list(sites)}.")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     existing = [p.name for p in out.iterdir()]
@@ -142,7 +138,8 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
                                             decipher_only=False), critical=True)
                .sign(ca_key, hashes.SHA256()))
     sans: list[x509.GeneralName] = []
-    for host in dict.fromkeys([*server_hosts, *_LOOPBACK_NAMES]):
+    # The server's own processes reach the SuperLink on loopback, over the same TLS.
+    for host in dict.fromkeys([*server_hosts, *LOOPBACK_HOSTS]):
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:

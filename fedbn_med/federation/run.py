@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
+from fedbn_med.federation.names import is_loopback
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
@@ -218,8 +219,7 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
     from fedbn_med.tasks.site_toml import share_private_layers
 
     host = superlink.rsplit(":", 1)[0]
-    loopback = host in ("127.0.0.1", "localhost", "::1", "[::1]")
-    if root_certificates is None and not insecure and not loopback:
+    if root_certificates is None and not insecure and not is_loopback(host):
         raise ValueError(
             f"The federation server {superlink} is not on this host, so the connection must "
             "use TLS: pass --root-certificates CA.pem (from the consortium), or --insecure to "

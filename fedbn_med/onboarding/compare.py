@@ -341,19 +341,17 @@ def log_onboarding(result: OnboardingResult, *, params: Mapping[str, object] | N
                    tracking_uri: str | None = None,
                    experiment: str = ONBOARDING_EXPERIMENT) -> str:
     """Log an onboarding as a parent run with a new site run; return the site run's ID."""
-    from fedbn_med.tracking import FederationTracker
+    from fedbn_med.tracking import tracked
 
     tags = {"kind": "onboarding", "onboarded_site": result.site,
             "weights_source": " | ".join(result.sources)[:5000]}
-    tracker = FederationTracker(experiment, f"onboard-{result.site}",
-                                {**(params or {}), **{f"count_{k}": v for k, v in
-                                                      result.counts.items()}},
-                                (), tracking_uri=tracking_uri, tags=tags)
+    logged = {**(params or {}), **{f"count_{k}": v for k, v in result.counts.items()}}
     step = result.round or 0
-    run_id = tracker.add_site(result.site, first_round=step + 1)
-    tracker.log_round(step, {result.site: result.flat_metrics()})
-    tracker.log_text(result.table() + "\n", "onboarding.md")
-    tracker.finish()
+    with tracked(experiment, f"onboard-{result.site}", logged, tracking_uri=tracking_uri,
+                 tags=tags) as tracker:
+        run_id = tracker.add_site(result.site, first_round=step + 1)
+        tracker.log_round(step, {result.site: result.flat_metrics()})
+        tracker.log_text(result.table() + "\n", "onboarding.md")
     return run_id
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedbn_med.federation.names import check_name
 from fedbn_med.paths import repo_root
 
 if sys.version_info >= (3, 11):
@@ -26,12 +26,10 @@ else:  # pragma: no cover - Python 3.10
 if TYPE_CHECKING:
     from fedbn_med.fl.privacy import SitePrivacy
 
-__all__ = ["COMMON_KEYS", "DEFAULT_MAX_SCORES", "DP_KEYS", "SITE_NAME", "SitePolicy",
+__all__ = ["COMMON_KEYS", "DEFAULT_MAX_SCORES", "DP_KEYS", "SitePolicy",
            "read_site_file", "share_private_layers", "site_path", "site_policy",
            "site_privacy", "site_seed_and_device", "sites_dir"]
 
-#: A site's name names its file and its folders: nothing but these characters.
-SITE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: A site file's client-level DP entries: a noise floor, a delta ceiling, its clip norm.
 DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 #: Keys every task's site file may hold: the site's own privacy policy.
@@ -61,9 +59,7 @@ def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
             f"Site file {path} has unknown keys {sorted(unknown)}. "
             f"Valid keys: {sorted(valid_keys)}."
         )
-    if not SITE_NAME.fullmatch(path.stem):
-        raise ValueError(f"Site file {path}: a site's name must be letters, digits, '-' or "
-                         f"'_', got {path.stem!r}.")
+    check_name(path.stem, f"Site file {path}: a site's name")
     if "name" in raw and raw["name"] != path.stem:
         raise ValueError(f"Site file {path} says name = {raw['name']!r}, but its file names "
                          f"site '{path.stem}'; they must match.")
@@ -75,8 +71,7 @@ def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
 
 def share_private_layers(site: str, task: str = "abide") -> bool:
     """Return the site file's privacy policy: may its private (BN) layers leave? (default no)."""
-    if not SITE_NAME.fullmatch(site):
-        raise ValueError(f"A site's name must be letters, digits, '-' or '_', got {site!r}.")
+    check_name(site, why="it names the site's file")
     for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
         if path.is_file():
             try:
@@ -167,8 +162,7 @@ class SitePolicy:
 
 
 def _site_file(site: str, task: str) -> Path | None:
-    if not SITE_NAME.fullmatch(site):
-        raise ValueError(f"A site's name must be letters, digits, '-' or '_', got {site!r}.")
+    check_name(site, why="it names the site's file")
     for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
         if path.is_file():
             return path

@@ -39,33 +39,25 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     from tqdm.auto import tqdm
 
     from fedbn_med.tasks import get_task
-    from fedbn_med.tracking import FederationTracker
+    from fedbn_med.tracking import tracked
     from fedbn_med.training.inprocess import run_spec
 
     task = get_task(spec.task)
-    tracker = FederationTracker(task.experiment, spec.label,
-                                {**spec.params(), "engine": "inprocess"}, spec.sites,
-                                tracking_uri=tracking_uri, tags={"task": spec.task})
-    bar = tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
-               dynamic_ncols=True)
+    with tracked(task.experiment, spec.label, {**spec.params(), "engine": "inprocess"},
+                 spec.sites, tracking_uri=tracking_uri, tags={"task": spec.task}) as tracker, \
+            tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
+                 dynamic_ncols=True) as bar:
 
-    def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-        tracker.log_round(rnd, metrics)
-        bar.update(1)
+        def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+            tracker.log_round(rnd, metrics)
+            bar.update(1)
 
-    try:
         history, kept = run_spec(spec, on_round=on_round)
         result = history.result()
         tracker.log_text(result.table + "\n", "results.md")
         tracker.log_metrics({"selected_round": result.selected_round})
         if history.global_weights:
             tracker.log_shared_weights(history.global_weights, kept)
-    except BaseException:
-        tracker.finish("FAILED")
-        raise
-    finally:
-        bar.close()
-    tracker.finish()
     return {"strategy": history.strategy, "selected": result.selected,
             "selected_round": result.selected_round, "final": result.last,
             "last_round": result.last_round, "table": result.table, "rows": history.rows,

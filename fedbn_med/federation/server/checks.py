@@ -22,10 +22,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from fedbn_med.federation.names import NAME_RULE, is_plain_name
 from fedbn_med.federation.records import unpack
 from fedbn_med.fl.rounds import Reply
 from fedbn_med.fl.scaffold import split_controls
-from fedbn_med.tasks.site_toml import SITE_NAME
 
 if TYPE_CHECKING:
     from flwr.app import Message, RecordDict
@@ -241,9 +241,8 @@ def read_query(content: RecordDict) -> SiteInfo:
     """
     info = unpack(content).section("info")
     site = info.get("site")
-    if not isinstance(site, str) or not SITE_NAME.fullmatch(site):
-        raise ValueError(f"its site name {repr(site)[:70]} is not 1 to 64 letters, digits, "
-                         "'-' or '_'")
+    if not is_plain_name(site):
+        raise ValueError(f"its site name {repr(site)[:70]} is not {NAME_RULE}")
     shape = info.get("input-shape")
     if not isinstance(shape, list) or not 0 < len(shape) <= _MAX_DIMS \
             or not all(_whole(d, 1) for d in shape):

@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -72,6 +73,7 @@ class RunRecorder:
         self.tracking_uri = tracking_uri
         self.rows: list[dict[str, object]] = []  # every completed round, one row per site
         self.tracker: FederationTracker | None = None
+        self._tracking = ExitStack()  # the open MLflow runs (fedbn_med.tracking.tracked)
         self.worker: SerialWorker | None = None
         self._unlogged: list[tuple[int, Fits]] = []
         self._handed_over = time.monotonic()
@@ -95,11 +97,11 @@ class RunRecorder:
                       sites: list[str], parent_run_id: str | None) -> None:
         """Create the run's MLflow runs (or reopen a resumed run's), catching up on rows."""
         self._worker().flush()
-        from fedbn_med.tracking import FederationTracker
+        from fedbn_med.tracking import tracked
 
-        self.tracker = FederationTracker(experiment, label, dict(params), sites,
-                                         tracking_uri=self.tracking_uri,
-                                         parent_run_id=parent_run_id)
+        self.tracker = self._tracking.enter_context(tracked(
+            experiment, label, dict(params), sites, tracking_uri=self.tracking_uri,
+            parent_run_id=parent_run_id))
         if parent_run_id is not None:
             # Rounds the checkpoint holds but the store missed (logging runs behind the
             # rounds), then a round that may have been logged in part before the crash.
@@ -109,10 +111,26 @@ class RunRecorder:
             self.tracker.dedupe_next = True
         self.event(TrackingReady())
 
-    def close(self) -> None:
-        """Run what the tracking thread holds, then stop it."""
-        if self.worker is not None:
-            self.worker.close()
+    def close(self, error: BaseException | None = None) -> None:
+        """Run what the tracking thread holds, stop it, and end any MLflow run still open.
+
+        ``error`` is what stopped the run (None: nothing); runs that :meth:`finish` did
+        not close end ``FAILED`` (``KILLED`` when interrupted), as
+        :func:`fedbn_med.tracking.tracked` decides.
+        """
+        try:
+            if self.worker is not None:
+                self.worker.close()
+        except BaseException as err:
+            self._end_tracking(error or err)
+            raise
+        self._end_tracking(error)
+
+    def _end_tracking(self, error: BaseException | None) -> None:
+        if error is None:
+            self._tracking.close()
+        else:
+            self._tracking.__exit__(type(error), error, error.__traceback__)
 
     def _worker(self) -> SerialWorker:
         if self.worker is None:
@@ -210,7 +228,7 @@ class RunRecorder:
         tracker.log_file(plot)
         if weights:
             tracker.log_shared_weights(dict(weights), private)
-        tracker.finish()
+        self._tracking.close()  # the runs end FINISHED
         self.event(Done(table=table))
 
 

@@ -169,8 +169,10 @@ class FederationServer:
             for rnd in range(self.start_round, self.config.rounds + 1):
                 self.pending = self._round(rnd, self.pending)
             self._close(self.pending)
-        finally:
-            recorder.close()
+        except BaseException as err:
+            recorder.close(err)  # the MLflow runs end FAILED (KILLED when interrupted)
+            raise
+        recorder.close()
 
     def _round(self, rnd: int, pending: Fits) -> Fits:
         nodes = self.registry.refresh()  # a restarted site rejoins here

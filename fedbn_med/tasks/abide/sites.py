@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from fedbn_med.federation.names import check_name
 from fedbn_med.fl.privacy import SitePrivacy
 from fedbn_med.tasks.site_toml import (
     DP_KEYS,
-    SITE_NAME,
     read_site_file,
     site_path,
     site_privacy,
@@ -104,9 +104,7 @@ def _parse(path: Path) -> SiteConfig:
 def load_site(name: str, directory: Path | None = None) -> SiteConfig:
     """Load and validate ``sites/<name>.toml``; an unknown name lists the valid ones."""
     directory = directory or sites_dir()
-    if not isinstance(name, str) or not SITE_NAME.fullmatch(name):
-        raise ValueError(f"A site's name must be letters, digits, '-' or '_' (it names its "
-                         f"file in {directory}), got {name!r}.")
+    check_name(name, why=f"it names its file in {directory}")
     path = directory / f"{name}.toml"
     if not path.is_file():
         valid = available_sites(directory)
