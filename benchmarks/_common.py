@@ -31,6 +31,7 @@ from fedbn_med.evaluation.tables import markdown_table
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks import Task
     from fedbn_med.tasks.abide.sites import SiteConfig
     from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
@@ -44,6 +45,8 @@ __all__ = [
 BENCHMARK_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCHMARK_DIR / "results"
 EXPERIMENT = "abide-benchmarks"
+#: The task of the benchmarks' ``--sites``, ``--data-dir`` and default run spec.
+TASK = "abide"
 N_FOLDS = 5
 FEDPROX_MU = 1e-2  # the paper's FedProx setting
 LABELS = {"singleset": "SingleSet", "fedavg": "FedAvg", "fedprox": "FedProx",
@@ -147,10 +150,10 @@ class Benchmark:
             if len(args.sites) < 2:
                 parser.error(f"--sites must name at least two sites for a federation, got "
                              f"{','.join(args.sites)}")
-            from fedbn_med.tasks.abide.sites import load_sites
+            from fedbn_med.tasks import get_task
 
             try:
-                load_sites(list(args.sites))
+                get_task(TASK).check_sites(list(args.sites))
             except ValueError as err:
                 parser.error(f"--sites: {err}")
         self.parser = parser
@@ -258,7 +261,7 @@ class Benchmark:
 
         from fedbn_med.spec import RunSpec
 
-        sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task("abide").sites)
+        sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task(TASK).sites)
         return describe_data(sites, self.args.data_dir is not None), sites
 
     def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
@@ -309,38 +312,55 @@ def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
         sites: Mapping[str, SiteConfig] | None = None) -> History:
     """Run one federation in this process, on given (e.g. subsampled) site data if any.
 
-    The rounds are the driver's, hence :mod:`fedbn_med.fl.rounds`, as in every engine.
+    The sites are built through the run's task (:func:`fedbn_med.tasks.get_task`: its
+    ``build_site``, and its ``build_pooled`` for the Centralized baseline); the rounds are
+    the driver's, hence :mod:`fedbn_med.fl.rounds`, as in every engine.
 
     Parameters
     ----------
     config : RunSpec
         The run's settings.
     datas : mapping of site name to SiteData, optional
-        Replaces each site's prepared splits; built from ``config`` when omitted.
+        Replaces each site's prepared splits (the task's ``site_data``); built from
+        ``config`` when omitted (by ``build_site`` itself for a task without ``site_data``).
     sites : mapping of site name to SiteConfig, optional
-        Loaded from ``sites/`` when omitted.
+        Only its names matter (which sites run); ``config.sites`` when omitted.
     """
-    from fedbn_med.tasks.abide.build import build_pooled, build_trainer
-    from fedbn_med.tasks.abide.sites import load_sites
     from fedbn_med.training.inprocess import run_in_process
 
-    sites = sites or load_sites(list(config.sites))
-    datas = datas or prepare_all(config, sites)
-    trainers = {name: build_trainer(sites[name], config, datas[name]) for name in sites}
+    task = _task(config)
+    names = list(sites or config.sites)
+    if datas is None and task.site_data is not None:
+        datas = prepare_all(config, sites)
+    # a task without site_data (the imaging tasks) builds its sites' data in build_site
+    trainers = {name: (task.build_site(name, config, None, config.device)
+                       if datas is None else
+                       task.build_site(name, config, None, config.device, data=datas[name]))
+                for name in names}
     strategy = config.strategy_obj()
-    pooled = build_pooled(trainers, config) if strategy.pooled else None
+    if strategy.pooled and task.build_pooled is None:
+        raise ValueError(f"Strategy '{strategy.name}' pools every site's data, and task "
+                         f"'{config.task}' has no pooled baseline; choose another strategy.")
+    pooled = (task.build_pooled(trainers, config)
+              if strategy.pooled and task.build_pooled is not None else None)
     return run_in_process(trainers, strategy, config.rounds, pooled=pooled,
                           weighting=config.weighting)
 
 
 def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None
                 ) -> dict[str, SiteData]:
-    """Return every site's splits for the configuration's fold."""
-    from fedbn_med.tasks.abide.build import prepare_site_data
-    from fedbn_med.tasks.abide.sites import load_sites
+    """Return every site's splits for the configuration's fold (the task's ``site_data``)."""
+    task = _task(config)
+    if task.site_data is None:
+        raise ValueError(f"Task '{config.task}' builds its sites' data inside build_site "
+                         "only (its site_data is None); a benchmark cannot subsample them.")
+    return {name: task.site_data(name, config) for name in (sites or config.sites)}
 
-    sites = sites or load_sites(list(config.sites))
-    return {name: prepare_site_data(cfg, config) for name, cfg in sites.items()}
+
+def _task(config: RunSpec) -> Task:
+    from fedbn_med.tasks import get_task
+
+    return get_task(config.task)
 
 
 # -- summaries ------------------------------------------------------------------------------

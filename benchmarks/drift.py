@@ -10,8 +10,11 @@ mean-over-sites curve, smoothed by a trailing mean over 3 rounds, takes to reach
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from _common import (
@@ -28,6 +31,9 @@ from _common import (
 from _plots import Panel, line_panels
 from rounds_to_target import rounds_to, smoothed
 
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
+
 NAME = "drift"
 # label: (strategy, mu)
 METHODS = {"FedAvg": ("fedavg", None), "FedProx": ("fedprox", FEDPROX_MU),
@@ -36,11 +42,54 @@ METHODS = {"FedAvg": ("fedavg", None), "FedProx": ("fedprox", FEDPROX_MU),
 EPOCHS = (1, 8)
 WINDOW = 3
 MRI = {"image_size": 32, "subjects": 8, "slices": 4}  # small built-in MRI sites (CPU)
+#: How a task's headline score (``Task.headline``) is named in the table and the plot.
+SCORE_LABELS = {"accuracy": ("acc", "accuracy"), "dice": ("Dice", "Dice")}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One column group of the table: a task, its runs and the target its curve must reach.
+
+    ``spec(strategy, mu, fold)`` gives a run's settings; the score is the task's headline
+    (``test_<Task.headline>``).
+    """
+
+    name: str
+    spec: Callable[[str, float | None, int], RunSpec]
+    folds: Sequence[int]
+    target: float
+
+    @property
+    def metric(self) -> str:
+        """Return the task's headline score (``Task.headline``)."""
+        from fedbn_med.tasks import get_task
+
+        return get_task(self.spec("fedavg", None, 0).task).headline
+
+    def labels(self) -> tuple[str, str]:
+        """Return the score's short name (table) and long name (plot)."""
+        return SCORE_LABELS.get(self.metric, (self.metric, self.metric))
+
+
+def settings_of(bench: Benchmark) -> list[Setting]:
+    """Return ABIDE at each local-epoch count, then the built-in MRI sites unless --no-mri."""
+    from fedbn_med.spec import RunSpec
+
+    def abide(epochs: int) -> Setting:
+        return Setting(f"ABIDE E={epochs}", lambda strategy, mu, fold: bench.config(
+            strategy=strategy, mu=mu, fold=fold, local_epochs=epochs),
+            bench.folds, bench.args.target_acc)
+
+    settings = [abide(e) for e in EPOCHS]
+    if not bench.args.no_mri:
+        rounds = bench.args.mri_rounds or min(bench.args.rounds, 20)
+        settings.append(Setting("MRI", lambda strategy, mu, fold: RunSpec.for_task(
+            "mri", strategy=strategy, mu=mu, rounds=rounds, seed=bench.args.seed,
+            device=bench.args.device, **MRI), (0,), bench.args.target_dice))
+    return settings
 
 
 def _fraction(text: str) -> float:
-    import argparse
-
     try:
         value = float(text)
     except ValueError:
@@ -55,8 +104,8 @@ def _reach(curves: list[np.ndarray], target: float) -> str:
     return "not reached" if hit is None else str(hit)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run every method at E = 1 and 8 on ABIDE and on MRI; publish scores and rounds."""
+def parser() -> argparse.ArgumentParser:
+    """Return the benchmark's options: the shared ones, the targets and the MRI runs."""
     parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=30, folds=2),
                          quick=Budget(rounds=3, folds=1))
     parser.add_argument("--target-acc", type=_fraction, default=0.6,
@@ -66,52 +115,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mri-rounds", type=int, default=None,
                         help="MRI rounds (default: --rounds, at most 20)")
     parser.add_argument("--no-mri", action="store_true", help="ABIDE only")
-    bench = Benchmark(parser, argv)
-    from fedbn_med.spec import RunSpec
-    from fedbn_med.training.inprocess import run_spec
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every method at E = 1 and 8 on ABIDE and on MRI; publish scores and rounds."""
+    bench = Benchmark(parser(), argv)
+    settings = settings_of(bench)
 
     # curves[(setting, label)] = one mean-over-sites curve per run
     curves: dict[tuple[str, str], list[np.ndarray]] = {}
     finals: dict[tuple[str, str], list[float]] = {}
-    grid: list[tuple[str, str, int]] = [(f"ABIDE E={e}", lb, f) for e in EPOCHS
-                                        for lb in METHODS for f in bench.folds]
-    if not bench.args.no_mri:
-        grid += [("MRI", lb, 0) for lb in METHODS]
-    mri_rounds = bench.args.mri_rounds or min(bench.args.rounds, 20)
+    grid = [(setting, label, fold) for setting in settings for label in METHODS
+            for fold in setting.folds]
     for setting, label, fold in bench.progress(grid):
         strategy, mu = METHODS[label]
-        if setting == "MRI":
-            spec = RunSpec.for_task("mri", strategy=strategy, mu=mu, rounds=mri_rounds,
-                                    seed=bench.args.seed, device=bench.args.device, **MRI)
-            history, _ = run_spec(spec)
-            metric = "test_dice"
-        else:
-            epochs = int(setting.split("=")[1])
-            history = run(bench.config(strategy=strategy, mu=mu, fold=fold,
-                                       local_epochs=epochs))
-            metric = "test_accuracy"
-        values = curve(history, metric)
-        curves.setdefault((setting, label), []).append(values)
-        finals.setdefault((setting, label), []).append(float(values[-1]))
+        values = curve(run(setting.spec(strategy, mu, fold)), f"test_{setting.metric}")
+        curves.setdefault((setting.name, label), []).append(values)
+        finals.setdefault((setting.name, label), []).append(float(values[-1]))
 
-    settings = list(dict.fromkeys(s for s, _, _ in grid))
     header = ["method"]
     for setting in settings:
-        score = "Dice" if setting == "MRI" else "acc"
-        target = bench.args.target_dice if setting == "MRI" else bench.args.target_acc
-        header += [f"{setting} {score} (%)", f"{setting} rounds to {100 * target:g}"]
+        header += [f"{setting.name} {setting.labels()[0]} (%)",
+                   f"{setting.name} rounds to {100 * setting.target:g}"]
     body, rows = [], []
     for label in METHODS:
         cells = [label]
         for setting in settings:
-            target = bench.args.target_dice if setting == "MRI" else bench.args.target_acc
-            reach = _reach(curves[setting, label], target)
-            cells += [format_mean_std(finals[setting, label]), reach]
-            mean, std = mean_std(finals[setting, label])
-            rows.append({"method": label, "setting": setting, "final_mean": mean,
-                         "final_std": std, "runs": len(finals[setting, label]),
-                         "target": target, "rounds_to_target": reach})
+            key = (setting.name, label)
+            reach = _reach(curves[key], setting.target)
+            cells += [format_mean_std(finals[key]), reach]
+            mean, std = mean_std(finals[key])
+            rows.append({"method": label, "setting": setting.name, "final_mean": mean,
+                         "final_std": std, "runs": len(finals[key]),
+                         "target": setting.target, "rounds_to_target": reach})
         body.append(cells)
+    mri_rounds = bench.args.mri_rounds or min(bench.args.rounds, 20)
     table = (f"Client drift: final test score, mean (std) over runs, and rounds to a target "
              f"(mean over sites, trailing mean over {WINDOW} rounds); ABIDE "
              f"{bench.args.rounds} rounds x {bench.args.folds} fold(s)"
@@ -123,11 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for setting in settings:
             series = {lb: (list(range(1, len(c[0]) + 1)),
                            list(100 * np.mean(c, axis=0)), None)
-                      for (s, lb), c in curves.items() if s == setting}
-            target = bench.args.target_dice if setting == "MRI" else bench.args.target_acc
-            score = "Dice" if setting == "MRI" else "accuracy"
-            panels.append(Panel(series, "round", f"{setting}: test {score} (%)",
-                                hline=100 * target))
+                      for (s, lb), c in curves.items() if s == setting.name}
+            panels.append(Panel(series, "round", f"{setting.name}: test {setting.labels()[1]} (%)",
+                                hline=100 * setting.target))
         return line_panels(path, panels, title="Client drift (dashed: target)")
 
     notes = (f"FedProx mu = {FEDPROX_MU:g}. SCAFFOLD's control variates cover the exchanged "

@@ -147,9 +147,10 @@ def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, 
 def test_site_that_cannot_reach_the_server_fails_after_a_bounded_wait(tmp_path):
     port = free_port()
     started = time.monotonic()
+    # the bound is the test's to choose: a short one shows it as well as a long one
     with pytest.raises(ConnectionError, match=rf"could not reach the federation server at "
-                                              rf"127.0.0.1:{port} within 3"):
-        run_site("UCLA", f"127.0.0.1:{port}", state_dir=tmp_path, max_wait_time=3.0)
+                                              rf"127.0.0.1:{port} within 1 s"):
+        run_site("UCLA", f"127.0.0.1:{port}", state_dir=tmp_path, max_wait_time=1.0)
     assert time.monotonic() - started < 60
 
 

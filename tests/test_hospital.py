@@ -20,11 +20,11 @@ import httpx
 import psutil
 import pytest
 
-from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
+from fedbn_med.federation.config import NodeSettings
 from fedbn_med.federation.consortium import create_consortium
-from fedbn_med.federation.launcher import LocalFederation, TlsFiles, free_port
+from fedbn_med.federation.launcher import TlsFiles, free_port
 from fedbn_med.federation.launcher.flower_cli import connection_config, register_key
-from fedbn_med.federation.launcher.processes import FederationError, terminate_tree
+from fedbn_med.federation.launcher.processes import terminate_tree
 from fedbn_med.federation.run import run_site
 from fedbn_med.paths import repo_root
 from fedbn_med.spec import RunSpec
@@ -126,7 +126,7 @@ def test_outsider_with_the_ca_reaches_only_the_fleet_api(consortium, tmp_path):
     with pytest.raises(ConnectionError, match="could not reach"):
         run_site("EVE", f"127.0.0.1:{c['port']}", state_dir=tmp_path / "eve-state",
                  root_certificates=c["keys"].ca_cert, auth_key=eve.site_keys["EVE"][0],
-                 max_wait_time=5.0)
+                 max_wait_time=2.0)
 
 
 def test_a_reply_larger_than_the_model_is_refused_before_it_is_read(consortium):
@@ -185,30 +185,6 @@ def test_sigterm_stops_every_process_of_the_server(tmp_path, small_cohort):
         terminate_tree(server.pid, signal.SIGKILL, 5.0)
 
 
-def test_a_site_refuses_a_run_that_would_take_its_private_layers(small_cohort, tmp_path):
-    # whatever the server sends, the site's own policy decides, and it writes only
-    # under its own state folder
-    node = NodeSettings(site="NYU", state_dir=tmp_path / "state")
-    for bad in ("/etc/evil", "../up", "a/b", ""):
-        with pytest.raises(ValueError, match="Refused federation id"):
-            node.state_path(bad)
-    assert node.state_path("f-1").is_relative_to((tmp_path / "state").resolve())
-    with LocalFederation(tmp_path / "fed") as fed:
-        fed.start_superlink()
-        fed.start_site("NYU", data_dir=small_cohort, device="cpu", threads=1)
-        fed.wait_sites_ready(["NYU"], timeout=180)
-        spec = RunSpec(strategy="fedavg", rounds=1, sites=("NYU",), data_dir=small_cohort)
-        settings = ServerSettings(workdir=tmp_path / "run", wait_timeout=20.0,
-                                  federation_id="f-1",
-                                  tracking_uri=sqlite_store(tmp_path / "mlflow.db"))
-        run = fed.submit(run_config(spec, settings), results_dir=tmp_path / "run")
-        with pytest.raises(FederationError):
-            fed.watch(run, timeout=240, results_dir=tmp_path / "run")
-    errors = [e for e in _events(tmp_path / "run") if e["event"] == "site-error"]
-    assert errors and "refuses strategy 'fedavg'" in errors[0]["reason"]
-    assert not list((tmp_path / "fed" / "sites").rglob("*.safetensors"))
-
-
 # ------------------------------------------------ dishonest, silent and stray site nodes
 FAULTY_NODE = Path(__file__).with_name("faulty_node.py")
 
@@ -233,11 +209,13 @@ def keyed_fed(small_cohort, tmp_path_factory):
                               for s in faults), 180, "the faulty nodes")
             yield {"c": c, "fed": c.fed, "root": root, "cohort": small_cohort}
         finally:
-            stop_nodes(faulty)
+            # a silent or mute node only goes when killed (its own exit timer is 10 s)
+            stop_nodes(faulty, grace=2.0)
 
 
-def _keyed_run(k: dict, name: str, sites: tuple[str, ...], rounds: int, **server):
-    spec = RunSpec(strategy="fedbn", rounds=rounds, sites=sites, data_dir=k["cohort"])
+def _keyed_run(k: dict, name: str, sites: tuple[str, ...], rounds: int,
+               strategy: str = "fedbn", **server):
+    spec = RunSpec(strategy=strategy, rounds=rounds, sites=sites, data_dir=k["cohort"])
     results, events, _ = run_federation(k["c"], name, spec, timeout=240, **server)
     return results, events
 
@@ -285,3 +263,22 @@ def test_round_timeout_bounds_a_site_that_never_answers(keyed_fed):
     assert trained["missing"] == ["UCLA"] and trained["sites"] == ["NYU"]
     assert 3.0 <= trained["seconds"] < 15.0
     assert "faulty node got a train message" in (k["root"] / "UCLA.log").read_text()
+
+
+def test_a_site_refuses_a_run_that_would_take_its_private_layers(keyed_fed, tmp_path):
+    # whatever the server sends, the site's own policy decides, and it writes only
+    # under its own state folder
+    node = NodeSettings(site="NYU", state_dir=tmp_path / "state")
+    for bad in ("/etc/evil", "../up", "a/b", ""):
+        with pytest.raises(ValueError, match="Refused federation id"):
+            node.state_path(bad)
+    assert node.state_path("f-1").is_relative_to((tmp_path / "state").resolve())
+    # NYU of the shared keyed federation: an honest node started as every site is
+    k = keyed_fed
+    results, events = _keyed_run(k, "f-1", ("NYU",), 1, strategy="fedavg", wait_timeout=20.0)
+    assert "error" in results, results
+    errors = [e for e in events if e["event"] == "site-error"]
+    assert errors and "refuses strategy 'fedavg'" in errors[0]["reason"]
+    # nothing of this run was written at the site (its runs' states lie by federation id)
+    sites = k["fed"].workdir / "sites"
+    assert not list(sites.glob("f-1*")) and not list(sites.rglob("f-1/*.safetensors"))

@@ -75,6 +75,10 @@ def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     tab = context.new_page()
     tab.set_default_timeout(UI_WAIT_MS)
+    # expect() has a timeout of its own (5 s unless set): the same wait for its checks
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=UI_WAIT_MS)
     try:
         yield tab
     finally:

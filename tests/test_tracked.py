@@ -1,6 +1,6 @@
 """How a run's MLflow runs end: FINISHED, FAILED or KILLED, in every place that opens them.
 
-Each test uses a real sqlite MLflow store in ``tmp_path``.
+Each test uses a real sqlite MLflow store in ``tmp_path`` (:func:`tests.stores.sqlite_store`).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fedbn_med.tracking import FederationTracker, end_status, tracked
+from tests.stores import sqlite_store
 
 
 @pytest.fixture()
 def store(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return sqlite_store(tmp_path / "mlflow.db")
 
 
 def _statuses(store: str, experiment: str = "exp") -> dict[str, str]:
@@ -152,7 +153,7 @@ def test_a_federation_server_that_crashes_fails_its_runs_and_a_resume_finishes_t
             raise ConnectionError("the SuperLink went away")
         return honest(sites[node], kind, payload)
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = sqlite_store(tmp_path / "mlflow.db")  # the store _server logs into
     with pytest.raises(ConnectionError):
         _server(tmp_path, ScriptedGrid(sites, answer), rounds=3).run()
     from fedbn_med.tasks import get_task

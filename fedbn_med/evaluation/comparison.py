@@ -47,6 +47,7 @@ import numpy as np
 
 from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
 from fedbn_med.evaluation.pairing import paired_differences
+from fedbn_med.tasks import Selection
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "Cell", "Comparison",
@@ -73,17 +74,32 @@ def _mean_over_sites(rows: Iterable[Mapping[str, object]], rnd: int, key: str) -
     return float(np.mean(values)) if values else math.nan
 
 
-def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss") -> int:
+def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss", *,
+               lower: bool | None = None) -> int:
     """Return the round with the best mean validation ``metric`` over the sites.
 
-    ``loss`` is best when lowest, any other metric when highest; ties go to the earliest
-    round. Rows without a validation loss fall back to the validation accuracy; a run
-    without validation scores (no site has a validation split) to its last round.
+    Parameters
+    ----------
+    rows : sequence of mapping
+        The run's per-round, per-site rows (``round``, ``site``, ``val_<metric>``).
+    metric : str
+        The validation metric; a task's is its ``Task.selection.metric``.
+    lower : bool, optional
+        Whether lower is better; by default ``loss`` is best when lowest and any other
+        metric when highest.
+
+    Returns
+    -------
+    int
+        The best round, the earliest on ties. Rows without a validation loss fall back to
+        the validation accuracy; a run without validation scores (no site has a
+        validation split) to its last round.
     """
     rounds = sorted({int(r["round"]) for r in rows})  # type: ignore[call-overload]
     if not rounds:
         raise ValueError("A run with no rounds has no best round.")
-    sign = -1.0 if metric == "loss" else 1.0
+    lower = metric == "loss" if lower is None else lower
+    sign = -1.0 if lower else 1.0
     best, best_value = rounds[-1], -math.inf
     for rnd in rounds:
         value = sign * _mean_over_sites(rows, rnd, f"val_{metric}")
@@ -144,13 +160,16 @@ class Cell:
                   rows: Sequence[Mapping[str, object]], *,
                   predictions: Mapping[str, SitePredictions] | None = None,
                   n_train: int = 0, n_test: int = 0, reference: bool = False,
-                  metrics: Sequence[str] = METRICS) -> Cell:
+                  metrics: Sequence[str] = METRICS,
+                  selection: Selection | None = None) -> Cell:
         """Score a run's per-round rows at its best (validation loss) and its last round.
 
         ``metrics`` are the task's scores (``test_<metric>`` in the rows): by default
-        :data:`METRICS`; the MRI task's are Dice.
+        :data:`METRICS`; the MRI task's are Dice. ``selection`` is the validation metric
+        that picks the best round (a task's ``Task.selection``; by default the loss).
         """
-        best = best_round(rows)
+        best = (best_round(rows) if selection is None
+                else best_round(rows, selection.metric, lower=selection.lower))
         last = max(int(r["round"]) for r in rows)  # type: ignore[call-overload]
         scores = {at: {m: scores_at(rows, rnd, m) for m in metrics}
                   for at, rnd in (("best", best), ("last", last))}

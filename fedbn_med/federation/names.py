@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import TypeGuard
 
 __all__ = ["LOOPBACK_HOSTS", "NAME_RULE", "SITE_NAME", "check_name", "is_loopback",
            "is_plain_name"]
@@ -25,7 +26,7 @@ NAME_RULE = "1 to 64 letters, digits, '-' or '_'"
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
-def is_plain_name(value: object) -> bool:
+def is_plain_name(value: object) -> TypeGuard[str]:
     """Return whether ``value`` is a string that :data:`SITE_NAME` matches whole."""
     return isinstance(value, str) and SITE_NAME.fullmatch(value) is not None
 

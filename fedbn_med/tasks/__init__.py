@@ -13,14 +13,39 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from torch import nn
 
     from fedbn_med.training.trainer import SiteTrainer
 
-__all__ = ["TASK_NAMES", "Task", "get_task", "lazy", "register_task"]
+__all__ = ["TASK_NAMES", "BuildSite", "Selection", "Task", "get_task", "lazy", "register_task"]
+
+
+class BuildSite(Protocol):
+    """``(site, config, data_dir, device, data=None) -> SiteTrainer``: a task's site builder."""
+
+    def __call__(self, site: str, config: Any, data_dir: Path | None, device: str, /, *,
+                 data: Any = None) -> SiteTrainer:
+        """Return the site's trainer; on ``data`` when given (see ``Task.site_data``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The validation metric that selects a run's round, and which way is better.
+
+    Attributes
+    ----------
+    metric : str
+        A score of the task's trainer, read from each site's ``val_<metric>``.
+    lower : bool
+        Whether a lower mean over the sites is better (a loss) or a higher one (a score).
+    """
+
+    metric: str = "loss"
+    lower: bool = True
 
 
 @dataclass(frozen=True)
@@ -33,10 +58,11 @@ class Task:
         Registry name (``"abide"``).
     experiment : str
         MLflow experiment of the task's pipeline.
-    build_site : callable
+    build_site : BuildSite
         ``(site, config, data_dir, device) -> SiteTrainer``: a site's trainer with its data;
         ``config`` holds the run's settings (typed ``Any`` so that the registry depends on
-        no run configuration).
+        no run configuration). A task with ``site_data`` also takes ``data=``: the site's
+        data from it, instead of building them.
     build_server_model : callable
         ``(config, input_shape) -> nn.Module``: the model the server initialises.
     default_input_shape : tuple of int
@@ -55,11 +81,22 @@ class Task:
         The metrics the task's trainer scores on each split (sent as ``val_<name>`` and
         ``test_<name>``); a federation server refuses a reply naming any other
         (:mod:`fedbn_med.federation.server.checks`).
+    selection : Selection
+        The validation metric that selects a run's round
+        (:func:`fedbn_med.evaluation.comparison.best_round`): the objective's
+        (:attr:`fedbn_med.training.objective.Objective.selection`), written out here so
+        that the registry imports no torch.
+    headline : str
+        The score a run is summarised by (``test_<headline>``, e.g. a benchmark's curve).
+    site_data : callable or None
+        ``(site, config) -> data``: a site's data for the run's fold, which ``build_site``
+        then takes as ``data=`` (a benchmark subsamples it in between); None when the
+        task's sites build their data only inside ``build_site``.
     """
 
     name: str
     experiment: str
-    build_site: Callable[[str, Any, Path | None, str], SiteTrainer]
+    build_site: BuildSite
     build_server_model: Callable[[Any, tuple[int, ...]], nn.Module]
     default_input_shape: tuple[int, ...]
     check_sites: Callable[[Sequence[str]], None] = lambda names: None
@@ -69,6 +106,9 @@ class Task:
     # fedbn_med.evaluation.metrics.METRIC_NAMES (SiteTrainer.score), written out: no numpy here
     score_metrics: tuple[str, ...] = ("accuracy", "balanced_accuracy", "auc", "f1", "loss",
                                       "n", "positive_rate", "majority_rate")
+    selection: Selection = Selection()
+    headline: str = "accuracy"
+    site_data: Callable[[str, Any], Any] | None = None
 
 
 def lazy(target: str, *bound: Any) -> Callable[..., Any]:

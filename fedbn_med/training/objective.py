@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fedbn_med.evaluation.metrics import classification_metrics
+from fedbn_med.tasks import Selection
 
 __all__ = ["BinaryClassification", "Objective", "ShapeMismatchError", "binary_scores"]
 
@@ -32,10 +33,14 @@ class Objective:
     """A task's batching, loss and scores; subclasses give each.
 
     ``mixed_precision``: whether the trainer computes in mixed precision on CUDA by
-    default (imaging networks), or never unless asked (the ABIDE MLP).
+    default (imaging networks), or never unless asked (the ABIDE MLP). ``selection``:
+    the validation metric that selects a run's round and its direction (by default the
+    mean validation loss, lower is better); the task registers the same
+    (:attr:`fedbn_med.tasks.Task.selection`).
     """
 
     mixed_precision: ClassVar[bool] = False
+    selection: ClassVar[Selection] = Selection()
 
     def check(self, site: str, model: nn.Module, data: Any) -> None:
         """Raise when a site's data cannot train this model."""

@@ -27,6 +27,7 @@ ABIDE_TASK = register_task(Task(
     check_sites=lazy("fedbn_med.tasks.abide.build:check_sites"),
     build_pooled=lazy("fedbn_med.tasks.abide.build:build_pooled"),
     prepare=lazy("fedbn_med.tasks.abide.build:prepare"),
+    site_data=lazy("fedbn_med.tasks.abide.build:site_data"),
     preload=("fedbn_med.tasks.abide.build", "fedbn_med.tasks.abide.data",
              "fedbn_med.tasks.abide.cohort", "fedbn_med.tasks.abide.splits"),
 ))

@@ -37,6 +37,7 @@ __all__ = [
     "prepare",
     "prepare_site_data",
     "resolve_site_data_dir",
+    "site_data",
     "site_rows",
 ]
 
@@ -206,12 +207,22 @@ def pooled_data(datas: Sequence[SiteData]) -> SiteData:
     return SiteData(train=(xs, ys), val=empty, test=empty)
 
 
-def build_site(name: str, config: RunSpec, data_dir: Path | None, device: str
-               ) -> SiteTrainer:
-    """Return the trainer of the site ``sites/<name>.toml`` (the task's ``build_site``)."""
+def build_site(name: str, config: RunSpec, data_dir: Path | None, device: str, *,
+               data: SiteData | None = None) -> SiteTrainer:
+    """Return the trainer of the site ``sites/<name>.toml`` (the task's ``build_site``).
+
+    ``data``: the site's splits (e.g. a benchmark's subsample of :func:`site_data`'s);
+    prepared for the run's fold when omitted.
+    """
     site = load_sites([name])[name]
     config = config.replace(data_dir=data_dir) if data_dir is not None else config
-    return build_trainer(site, config, device=device if device != "auto" else site.device)
+    return build_trainer(site, config, data,
+                         device=device if device != "auto" else site.device)
+
+
+def site_data(name: str, config: RunSpec) -> SiteData:
+    """Return the splits of the site ``sites/<name>.toml`` for the run's fold (``site_data``)."""
+    return prepare_site_data(load_sites([name])[name], config)
 
 
 def build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideMLP:

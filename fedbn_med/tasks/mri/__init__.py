@@ -15,7 +15,7 @@ builders are imported when a site or the server model is first built.
 
 from __future__ import annotations
 
-from fedbn_med.tasks import Task, lazy, register_task
+from fedbn_med.tasks import Selection, Task, lazy, register_task
 from fedbn_med.tasks.mri.settings import Settings
 
 __all__ = ["MRI_TASK"]
@@ -30,4 +30,6 @@ MRI_TASK = register_task(Task(
     preload=("fedbn_med.tasks.mri.build",),
     # Segmentation.score_dataset's, for synth.TISSUE_CLASSES
     score_metrics=("dice", "dice_csf", "dice_gm", "dice_wm", "loss"),
+    selection=Selection("loss", lower=True),  # Segmentation.selection
+    headline="dice",
 ))

@@ -10,7 +10,7 @@ on each subject's volume whatever the network's dimensions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
+from typing import ClassVar, cast
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from monai.inferers import Inferer, SliceInferer, SlidingWindowInferer
 from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 
+from fedbn_med.tasks import Selection
 from fedbn_med.tasks.imaging.trainer import ImageObjective
 
 __all__ = ["Segmentation", "volume_inferer"]
@@ -56,6 +57,10 @@ class Segmentation(ImageObjective):
     inferer : monai.inferers.Inferer
         How a whole volume is predicted (see :func:`volume_inferer`).
     """
+
+    #: A run's round is the one of lowest mean validation loss (Dice + cross-entropy),
+    #: as for every task so far; ``Selection("dice", lower=False)`` would pick by Dice.
+    selection: ClassVar[Selection] = Selection("loss", lower=True)
 
     def __init__(self, class_names: Sequence[str], inferer: Inferer) -> None:
         self.class_names = tuple(class_names)

@@ -27,4 +27,5 @@ XRAY_TASK = register_task(Task(
     check_sites=lazy("fedbn_med.tasks.imaging.site_files:check_imaging_sites", "xray"),
     build_pooled=lazy("fedbn_med.tasks.imaging.trainer:pooled_trainer"),
     preload=("fedbn_med.tasks.xray.build",),
+    headline="auc",
 ))
