@@ -282,24 +282,17 @@ class Benchmark:
     def _log(self, table: str, png: Path, summary: Mapping[str, object],
              metrics: Mapping[str, float]) -> None:
         # Imported here so that --help and argument errors do not pay for MLflow.
-        from fedbn_med.tracking import FederationTracker
+        from fedbn_med.tracking import tracked
 
-        tracker = FederationTracker(
-            EXPERIMENT, self.name, self.params(), sites=(),
-            tracking_uri=self.args.tracking_uri,
-            tags={"kind": "benchmark", "benchmark": self.name,
-                  "mode": "quick" if self.args.quick else "full"},
-        )
-        try:
+        with tracked(EXPERIMENT, self.name, self.params(), (),
+                     tracking_uri=self.args.tracking_uri,
+                     tags={"kind": "benchmark", "benchmark": self.name,
+                           "mode": "quick" if self.args.quick else "full"}) as tracker:
             tracker.log_text(table, "table.md")
             tracker.log_file(self.out / "table.csv")
             tracker.log_file(png)
             tracker.log_text(json.dumps(summary, indent=2, default=str), "summary.json")
             tracker.log_metrics(metrics)
-        except Exception:
-            tracker.finish("FAILED")
-            raise
-        tracker.finish()
 
 
 def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> RunSpec:

@@ -46,7 +46,7 @@ from fedbn_med.onboarding import (
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import build_model, prepare_site_data
 from fedbn_med.tasks.abide.sites import load_sites
-from fedbn_med.tracking import FederationTracker
+from fedbn_med.tracking import tracked
 
 DEFAULT_SITES = RunSpec().sites
 
@@ -150,21 +150,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "table.md").write_text(report + "\n", encoding="utf-8")
     (args.out / "table.csv").write_text(csv, encoding="utf-8")
     print(report)
-    tracker = FederationTracker(
-        ONBOARDING_EXPERIMENT, "leave-one-site-out" + ("-quick" if args.quick else ""),
-        {"rounds": rounds, "seeds": len(seeds), "folds": len(folds), "shots": args.shots,
-         "training_sites": ",".join(DEFAULT_SITES), "new_sites": ",".join(new_sites)},
-        (), tracking_uri=args.tracking_uri, tags={"kind": "benchmark"},
-    )
-    for site, per_method in results.items():
-        tracker.add_site(site)
-        n_runs = len(next(iter(per_method.values())))
-        for i in range(n_runs):
-            tracker.log_round(i + 1, {site: {f"{m}_{k}": v for m, runs in per_method.items()
-                                             for k, v in runs[i].items()}})
-    tracker.log_text(report + "\n", "table.md")
-    tracker.log_text(csv, "table.csv")
-    tracker.finish()
+    params = {"rounds": rounds, "seeds": len(seeds), "folds": len(folds), "shots": args.shots,
+              "training_sites": ",".join(DEFAULT_SITES), "new_sites": ",".join(new_sites)}
+    with tracked(ONBOARDING_EXPERIMENT,
+                 "leave-one-site-out" + ("-quick" if args.quick else ""), params, (),
+                 tracking_uri=args.tracking_uri, tags={"kind": "benchmark"}) as tracker:
+        for site, per_method in results.items():
+            tracker.add_site(site)
+            n_runs = len(next(iter(per_method.values())))
+            for i in range(n_runs):
+                tracker.log_round(i + 1, {site: {f"{m}_{k}": v for m, runs in per_method.items()
+                                                 for k, v in runs[i].items()}})
+        tracker.log_text(report + "\n", "table.md")
+        tracker.log_text(csv, "table.csv")
     print(f"\nWrote {args.out / 'table.md'} and table.csv; MLflow experiment "
           f"'{ONBOARDING_EXPERIMENT}', run {tracker.parent_id}.")
     wall = time.time() - psutil.Process().create_time()
