@@ -63,3 +63,12 @@ def benchmark_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.syspath_prepend(str(BENCH_DIR))
     return importlib.import_module
+
+
+@pytest.fixture()
+def patched_flower(monkeypatch):
+    # The server builds its messages as a ServerApp does: Flower wants its run identity.
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)

@@ -79,13 +79,15 @@ def honest(site: str, kind: str, payload, rnd_scale: float = 0.01):  # noqa: ANN
     return (pack(weights, **sections),)
 
 
-@pytest.fixture()
-def patched_flower(monkeypatch):
-    # The server builds its messages as a ServerApp does: Flower wants its run identity.
-    from flwr.supercore.task_identity import TaskIdentity
+def crashing(sites: dict[int, str], crash: dict[str, int]):  # noqa: ANN201
+    """Return honest answers, except that the SuperLink goes away in ``crash["round"]``."""
 
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
+    def answer(node, kind, payload):  # noqa: ANN001, ANN202
+        if kind == "train" and payload.section("config")["round"] == crash["round"]:
+            raise ConnectionError("the SuperLink went away")
+        return honest(sites[node], kind, payload)
+
+    return answer
 
 
 def _server(tmp_path, grid, rounds=3, **settings) -> FederationServer:  # noqa: ANN001
@@ -144,11 +146,7 @@ def test_every_event_the_server_writes_decodes_as_its_class(tmp_path, patched_fl
 def test_a_crash_loses_no_completed_round(tmp_path, patched_flower):
     sites = {1: "NYU", 2: "UM", 3: "USM"}
     crash = {"round": 3}
-
-    def answer(node, kind, payload):  # noqa: ANN001, ANN202
-        if kind == "train" and payload.section("config")["round"] == crash["round"]:
-            raise ConnectionError("the SuperLink went away")
-        return honest(sites[node], kind, payload)
+    answer = crashing(sites, crash)
 
     with pytest.raises(ConnectionError):
         _server(tmp_path, ScriptedGrid(sites, answer), rounds=4).run()

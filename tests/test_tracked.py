@@ -143,15 +143,11 @@ def test_a_comparison_log_fails_its_run_on_error(store):
 
 def test_a_federation_server_that_crashes_fails_its_runs_and_a_resume_finishes_them(
         tmp_path, patched_flower):
-    from tests.test_server_loop import ScriptedGrid, _server, honest
+    from tests.test_server_loop import ScriptedGrid, _server, crashing
 
     sites = {1: "NYU", 2: "UM", 3: "USM"}
     crash = {"round": 2}
-
-    def answer(node, kind, payload):  # noqa: ANN001, ANN202
-        if kind == "train" and payload.section("config")["round"] == crash["round"]:
-            raise ConnectionError("the SuperLink went away")
-        return honest(sites[node], kind, payload)
+    answer = crashing(sites, crash)
 
     store = sqlite_store(tmp_path / "mlflow.db")  # the store _server logs into
     with pytest.raises(ConnectionError):
@@ -164,11 +160,3 @@ def test_a_federation_server_that_crashes_fails_its_runs_and_a_resume_finishes_t
     crash["round"] = 0
     _server(tmp_path, ScriptedGrid(sites, answer), rounds=3, resume=True).run()
     assert _statuses(store, experiment) == dict.fromkeys(failed, "FINISHED")
-
-
-@pytest.fixture()
-def patched_flower(monkeypatch):
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
