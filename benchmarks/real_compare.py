@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="how shared weights are averaged (default samples)")
     bench = Benchmark(parser, argv)
     args = bench.args
-    from fedbn_med.fl.strategies import STRATEGIES as KNOWN
+    from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
     unknown = [s for s in args.strategies if s not in KNOWN]
     if unknown:

@@ -27,7 +27,8 @@ from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
 from fedbn_med.fl.privacy import UpdatePrivacy
-from fedbn_med.fl.strategies import Strategy, get_strategy
+from fedbn_med.fl.registry import get_strategy
+from fedbn_med.fl.strategies import Strategy
 from fedbn_med.fl.weighting import WEIGHTINGS
 from fedbn_med.tasks import TASK_NAMES
 
@@ -95,7 +96,7 @@ class RunSpec:
     task : str
         ``"abide"`` (connectivity, the paper's setting), ``"mri"`` or ``"xray"``.
     strategy : str
-        A name from :data:`fedbn_med.fl.strategies.STRATEGIES`.
+        A name from :data:`fedbn_med.fl.registry.STRATEGIES`.
     mu : float or None
         Proximal weight (FedProx, FedBN+prox); None is the strategy's default.
     rounds, local_epochs, batch_size : int

@@ -12,8 +12,8 @@ import itertools
 
 import torch
 
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.fl.rounds import Reply, close_round
-from fedbn_med.fl.strategies import get_strategy
 
 
 def _replies(n_sites: int, size: int, seed: int) -> tuple[dict[str, torch.Tensor], list[Reply]]:

@@ -14,7 +14,7 @@ from monai.networks.nets import DenseNet121, UNet
 from torch import nn
 
 from fedbn_med.fl.partition import NoPrivateKeysError, partition_model
-from fedbn_med.fl.strategies import get_strategy
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.harmonize import ComBat, MotionRegressor, SiteStandardizer
 from fedbn_med.tasks.abide.model import AbideMLP

@@ -6,7 +6,8 @@ from monai.fl.client import ClientAlgo
 from monai.fl.utils.constants import ExtraItems
 from monai.fl.utils.exchange_object import ExchangeObject
 
-from fedbn_med.fl.strategies import Centralized, FedAvg, FedBN, SingleSet, get_strategy
+from fedbn_med.fl.registry import get_strategy
+from fedbn_med.fl.strategies import Centralized, FedAvg, FedBN, SingleSet
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.training.clientalgo import FedBNClientAlgo
 from fedbn_med.training.inprocess import run_in_process

@@ -9,9 +9,9 @@ import torch
 
 from fedbn_med.federation.config import ServerSettings
 from fedbn_med.federation.server.checks import metrics_reason
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.fl.reply_checks import num_examples_reason
 from fedbn_med.fl.rounds import Reply, close_round
-from fedbn_med.fl.strategies import get_strategy
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, -5, 0, 2.5, 10**12, "7"])

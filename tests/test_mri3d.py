@@ -16,7 +16,7 @@ from monai.inferers import SliceInferer, SlidingWindowInferer
 from torch import nn
 
 from fedbn_med.fl.partition import partition_model
-from fedbn_med.fl.strategies import get_strategy
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 from fedbn_med.tasks.imaging.datalist import load_datalist

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedbn_med.evaluation.metrics import classification_metrics
-from fedbn_med.fl.strategies import get_strategy
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.settings import OPTIMIZERS

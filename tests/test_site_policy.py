@@ -21,7 +21,7 @@ from fedbn_med.federation.config import (
     seal_run_config,
 )
 from fedbn_med.fl.privacy import PrivacyLedger, UpdatePrivacy, epsilon
-from fedbn_med.fl.strategies import get_strategy
+from fedbn_med.fl.registry import get_strategy
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 from fedbn_med.tasks.abide.model import AbideMLP
 from fedbn_med.tasks.abide.sites import load_site

@@ -4,14 +4,13 @@ import pytest
 import torch
 
 from fedbn_med.fl.partition import partition_model
+from fedbn_med.fl.registry import STRATEGIES, get_strategy
 from fedbn_med.fl.strategies import (
-    STRATEGIES,
     Centralized,
     FedAvg,
     FedBN,
     FedProx,
     SingleSet,
-    get_strategy,
     weighted_average,
 )
 from fedbn_med.tasks.abide.model import AbideMLP
@@ -72,9 +71,9 @@ def test_get_strategy_lists_valid_names():
     assert get_strategy("fedprox", mu=0.1).mu == 0.1
     with pytest.raises(ValueError, match=r"Unknown strategy 'fedbm'\. Valid strategies: "
                                          r"centralized, fedavg, fedavg_combat, fedavg_localbn, "
-                                         r"fedavg_sitez, fedbn, fedbn-scaffold, fedprox, "
+                                         r"fedavg_sitez, fedbn, fedbn-scaffold, feddyn, fedprox, "
                                          r"scaffold, silobn, singleset\."):
         get_strategy("fedbm")
     assert set(STRATEGIES) == {"fedbn", "fedavg", "fedprox", "singleset", "centralized",
                                "scaffold", "fedbn-scaffold", "silobn", "fedavg_localbn",
-                               "fedavg_sitez", "fedavg_combat"}
+                               "fedavg_sitez", "fedavg_combat", "feddyn"}

@@ -15,7 +15,7 @@ from typing import Any
 from fedbn_med.cli.argtypes import positive_int
 from fedbn_med.federation.config import ServerSettings
 from fedbn_med.federation.names import NAME_RULE, is_plain_name
-from fedbn_med.fl.strategies import STRATEGIES
+from fedbn_med.fl.registry import STRATEGIES
 from fedbn_med.fl.weighting import WEIGHTINGS
 from fedbn_med.spec import BN_INITS, TASK_NAMES, RunSpec, settings_module, task_defaults
 

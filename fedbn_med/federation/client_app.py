@@ -39,6 +39,7 @@ from flwr.clientapp import ClientApp
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
 from fedbn_med.federation.config import NodeSettings, read_site_config
 from fedbn_med.federation.records import pack, unpack
+from fedbn_med.fl.hooks import split_site_state
 from fedbn_med.fl.partition import select
 from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.rounds import plan_round
@@ -80,7 +81,7 @@ class SiteRuntime:
     @property
     def kept_keys(self) -> frozenset[str]:
         """Return the keys that never leave the site under this strategy."""
-        return self.trainer.partition.all - self.trainer.exchanged
+        return self.trainer.kept
 
     def kept_hash(self) -> str:
         """Return the hash of the state this site keeps, as it is in memory now."""
@@ -89,7 +90,8 @@ class SiteRuntime:
     def save(self, rnd: int) -> str:
         """Persist the kept state after a round; return its hash.
 
-        With it go the site's SCAFFOLD control variate, the DP it has spent and the scores
+        With it go its hooks' state (SCAFFOLD's control variate,
+        for one), the DP it has spent and the scores
         it has sent, so that a restarted site neither forgets its variate nor counts its
         epsilon or its scores from zero.
         """
@@ -116,9 +118,9 @@ class SiteRuntime:
             raise ValueError(f"Site state file {self.state_path}: 'trained' must list rounds "
                              f"from 1 to its round {rnd}, got {trained!r}. This is not a file "
                              "the site wrote.")
-        tensors, controls = split_controls(tensors)
-        self.trainer.load_kept(tensors)
-        self.trainer.load_site_state(join_controls({}, controls), meta)
+        layers, hooks = split_site_state(tensors)
+        self.trainer.load_kept(layers)
+        self.trainer.load_site_state(hooks, meta)
         self.trainer.rounds_trained = rnd
         self.trained = set(trained) | ({rnd} if rnd > 0 else set())
         self.scored_through, self.scores = scored_through, scores

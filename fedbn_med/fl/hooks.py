@@ -12,7 +12,8 @@ order, at these points:
   gradient correction);
 - ``end``: on the weights the site is about to send; a hook may replace them (client-level
   DP clips and noises them) and add to the round's metrics;
-- ``state`` / ``load``: what survives a restart, saved with the site's private layers.
+- ``state`` / ``load``: what survives a restart, saved with the site's private layers
+  (tensors named ``<hook>/<key>``, :func:`split_site_state`).
 
 This module holds the base, :class:`ProximalHook` and :class:`DPHook` with the site's
 release history (:class:`Releases`); SCAFFOLD's hook is
@@ -24,17 +25,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, cast
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the hooks compute on tensors, but importing them loads no torch
+    import torch
+    from torch import nn
 
-if TYPE_CHECKING:
     from fedbn_med.fl.partition import Partition
     from fedbn_med.fl.privacy import UpdatePrivacy
     from fedbn_med.fl.strategies import Strategy
 
-__all__ = ["DPHook", "HookedSite", "ProximalHook", "Releases", "RoundHook"]
+__all__ = ["DPHook", "HookedSite", "ProximalHook", "Releases", "RoundHook", "split_site_state"]
 
-Weights = dict[str, torch.Tensor]
+Weights = dict[str, "torch.Tensor"]
+
+
+def split_site_state(tensors: Mapping[str, torch.Tensor]) -> tuple[Weights, Weights]:
+    """Return ``(layers, hooks)`` of a saved site state.
+
+    A hook names the tensors it saves ``<hook>/<key>`` (SCAFFOLD's ``control/<key>``);
+    a model's keys never hold a ``/``. So a site's state file needs no list of hooks.
+    """
+    layers: Weights = {}
+    hooks: Weights = {}
+    for key, value in tensors.items():
+        (hooks if "/" in key else layers)[key] = value
+    return layers, hooks
 
 
 class HookedSite(Protocol):

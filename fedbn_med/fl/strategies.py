@@ -10,8 +10,9 @@ client-level DP, SCAFFOLD. Aggregation itself is one pure function,
 FedBN is FedAvg with the site-private keys kept home; FedProx is FedAvg plus a proximal
 term; FedBN with FedProx is ``FedBN(mu=0.01)``; SCAFFOLD is FedAvg with control variates
 (``controls``) on the exchanged parameters, and FedBN with SCAFFOLD keeps BN home, so its
-BN layers have no control variate. Adding a strategy means one class here and one entry
-in :data:`STRATEGIES`.
+BN layers have no control variate. Adding a strategy means one class (here, or in a
+module of its own when it brings a round hook) and
+one entry in :data:`fedbn_med.fl.registry.STRATEGIES`.
 
 Baselines that isolate FedBN's mechanism: SiloBN shares the BN layers' affine weight and
 bias and keeps only their running statistics home; ``fedavg_localbn`` trains exactly as
@@ -35,7 +36,6 @@ if TYPE_CHECKING:  # torch is imported where a tensor is computed: the run spec 
     from fedbn_med.fl.privacy import UpdatePrivacy
 
 __all__ = [
-    "STRATEGIES",
     "Centralized",
     "FedAvg",
     "FedBN",
@@ -48,7 +48,6 @@ __all__ = [
     "SiloBN",
     "SingleSet",
     "Strategy",
-    "get_strategy",
     "weighted_average",
 ]
 
@@ -84,6 +83,10 @@ class Strategy:
         if self.mu > 0 and self.name != "fedprox":
             return f"{self.name}+prox(mu={self.mu:g})"
         return self.name
+
+    def kept_keys(self, partition: Partition) -> frozenset[str]:
+        """Return the keys that never leave a site: every key it does not exchange."""
+        return partition.all - self.exchanged_keys(partition)
 
     def exchanged_keys(self, partition: Partition) -> frozenset[str]:
         """Return the keys a site sends to and receives from the server."""
@@ -245,30 +248,6 @@ class Centralized(Strategy):
 
     name: ClassVar[str] = "centralized"
     pooled: ClassVar[bool] = True
-
-
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedBN, FedAvg, FedProx, Scaffold, FedBNScaffold, SingleSet,
-                              Centralized, SiloBN, FedAvgLocalBN, FedAvgSiteZ, FedAvgCombat)
-}
-
-
-def get_strategy(name: str, mu: float | None = None) -> Strategy:
-    """Return the strategy registered under ``name``.
-
-    Parameters
-    ----------
-    name : str
-        One of :data:`STRATEGIES`.
-    mu : float, optional
-        Proximal weight; when omitted the strategy's default is used.
-    """
-    cls = STRATEGIES.get(str(name).lower())
-    if cls is None:
-        raise ValueError(
-            f"Unknown strategy '{name}'. Valid strategies: {', '.join(sorted(STRATEGIES))}."
-        )
-    return cls() if mu is None else cls(mu=float(mu))
 
 
 def weighted_average(

@@ -155,7 +155,7 @@ class SiteTrainer:
     @property
     def kept(self) -> frozenset[str]:
         """Return the keys that never leave the site (its BN layers under FedBN)."""
-        return self.partition.all - self.exchanged
+        return self.strategy.kept_keys(self.partition)
 
     @property
     def privacy(self) -> UpdatePrivacy | None:

@@ -273,4 +273,4 @@ class FederationServer:
             self.recorder.complete(self.config.rounds, pending, evals)
         self.recorder.finish(self.strategy.label, self.config.rounds, self.config.sites,
                              self.global_weights,
-                             self.partition.private if self.strategy.keeps_private else ())
+                             self.strategy.kept_keys(self.partition))
