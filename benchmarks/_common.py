@@ -305,39 +305,26 @@ def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
         sites: Mapping[str, SiteConfig] | None = None) -> History:
     """Run one federation in this process, on given (e.g. subsampled) site data if any.
 
-    The sites are built through the run's task (:func:`fedbn_med.tasks.get_task`: its
-    ``build_site``, and its ``build_pooled`` for the Centralized baseline); the rounds are
-    the driver's, hence :mod:`fedbn_med.fl.rounds`, as in every engine.
+    The sites are built and run by :func:`fedbn_med.training.inprocess.build_federation`
+    (the task's ``build_site``, its ``build_pooled`` for the Centralized baseline, every
+    round setting of ``config``); the rounds are the driver's, hence
+    :mod:`fedbn_med.fl.rounds`, as in every engine.
 
     Parameters
     ----------
     config : RunSpec
         The run's settings.
     datas : mapping of site name to SiteData, optional
-        Replaces each site's prepared splits (the task's ``site_data``); built from
-        ``config`` when omitted (by ``build_site`` itself for a task without ``site_data``).
+        Replaces each site's prepared splits (the task's ``site_data``); when omitted,
+        each site's ``build_site`` prepares them from ``config``.
     sites : mapping of site name to SiteConfig, optional
         Only its names matter (which sites run); ``config.sites`` when omitted.
     """
-    from fedbn_med.training.inprocess import run_in_process
+    from fedbn_med.training.inprocess import build_federation
 
-    task = _task(config)
-    names = list(sites or config.sites)
-    if datas is None and task.site_data is not None:
-        datas = prepare_all(config, sites)
-    # a task without site_data (the imaging tasks) builds its sites' data in build_site
-    trainers = {name: (task.build_site(name, config, None, config.device)
-                       if datas is None else
-                       task.build_site(name, config, None, config.device, data=datas[name]))
-                for name in names}
-    strategy = config.strategy_obj()
-    if strategy.pooled and task.build_pooled is None:
-        raise ValueError(f"Strategy '{strategy.name}' pools every site's data, and task "
-                         f"'{config.task}' has no pooled baseline; choose another strategy.")
-    pooled = (task.build_pooled(trainers, config)
-              if strategy.pooled and task.build_pooled is not None else None)
-    return run_in_process(trainers, strategy, config.rounds, pooled=pooled,
-                          weighting=config.weighting)
+    if sites is not None and tuple(sites) != config.sites:
+        config = config.replace(sites=tuple(sites))
+    return build_federation(config, datas).run()
 
 
 def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None

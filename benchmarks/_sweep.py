@@ -83,13 +83,20 @@ def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
     """Run the grid (:func:`run_grid`) and return ``{axis value: Comparison}``.
 
     Each run becomes the :class:`Cell` of its strategy and (fold, seed) in its value's
-    comparison, scored at its best-validation and its last round.
+    comparison, scored by its task's metrics at its best-validation round (the task's
+    ``selection``) and its last round.
     """
-    names = tuple(bench.config().sites)
-    comparisons = {value: Comparison(sites=names) for value in axis}
+    from fedbn_med.evaluation.runner import task_metrics
+    from fedbn_med.tasks import get_task
+
+    base = bench.config()
+    names, metrics = tuple(base.sites), task_metrics(base.task)
+    selection = get_task(base.task).selection
+    comparisons = {value: Comparison(sites=names, metric_names=metrics) for value in axis}
     for value, strategy, fold, seed, history in run_grid(bench, axis, strategies, spec,
                                                          data=data, sites=sites):
-        comparisons[value].add(Cell.from_rows(strategy, fold, seed, history.rows))
+        comparisons[value].add(Cell.from_rows(strategy, fold, seed, history.rows,
+                                              metrics=metrics, selection=selection))
     return comparisons
 
 

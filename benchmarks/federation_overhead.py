@@ -26,6 +26,7 @@ table, plot and weights to MLflow.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from _stock_flower import stock_flower_run  # noqa: E402
 from fedbn_med.federation.run import FlowerOptions, run_flower  # noqa: E402
 from fedbn_med.spec import RunSpec  # noqa: E402
 from fedbn_med.tasks import get_task  # noqa: E402
-from fedbn_med.training.inprocess import run_in_process  # noqa: E402
+from fedbn_med.training.inprocess import build_federation  # noqa: E402
 
 
 def in_process_seconds(spec: RunSpec) -> tuple[float, float]:
@@ -51,8 +52,8 @@ def in_process_seconds(spec: RunSpec) -> tuple[float, float]:
 
     Data are loaded and trainers built before the clock starts.
     """
-    task = get_task(spec.task)
-    trainers = {n: task.build_site(n, spec, spec.data_dir, "cpu") for n in spec.sites}
+    federation = build_federation(spec.replace(device="cpu"))
+    trainers = federation.trainers
     per_site = {n: 0.0 for n in trainers}
 
     class Timed:
@@ -69,8 +70,8 @@ def in_process_seconds(spec: RunSpec) -> tuple[float, float]:
             return out
 
     started = time.perf_counter()
-    run_in_process({n: Timed(n) for n in trainers}, spec.strategy_obj(),  # type: ignore[misc]
-                   spec.rounds)
+    timed = {n: Timed(n) for n in trainers}
+    dataclasses.replace(federation, trainers=timed).run()
     return time.perf_counter() - started, max(per_site.values()) / spec.rounds
 
 
@@ -150,7 +151,8 @@ def federated(spec: RunSpec, workdir: Path) -> dict:
             "setups": sorted({int(r["setups"]) for r in result["rows"]})}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Measure each run and print the tables; ``argv`` as on the command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
@@ -162,7 +164,7 @@ def main() -> None:
                              "on one core here)")
     parser.add_argument("--mri-only", action="store_true",
                         help="measure only the compute-dominated MRI run (c)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 50)
     stock_rounds = args.stock_rounds or (1 if args.quick else 3)
     mri_rounds = args.mri_rounds or (1 if args.quick else 3)

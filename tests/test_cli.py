@@ -11,9 +11,9 @@ from fedbn_med.tasks.abide.sites import load_site
 def test_unknown_strategy_lists_the_valid_ones(capsys):
     assert main(["--strategy", "fedbm"]) == 2
     err = capsys.readouterr().err
-    assert "Unknown strategy 'fedbm'. Valid strategies: centralized, fedavg, fedavg_combat, " \
-           "fedavg_localbn, fedavg_sitez, fedbn, fedbn-scaffold, fedprox, scaffold, silobn, " \
-           "singleset." in err
+    assert ("Unknown strategy 'fedbm'. Valid strategies: centralized, fedavg, fedavg_combat, "
+            "fedavg_localbn, fedavg_sitez, fedbn, fedbn-scaffold, feddyn, fedprox, scaffold, "
+            "silobn, singleset.") in err
 
 
 @pytest.mark.parametrize("argv", [["--site", "UCLAA", "--superlink", "127.0.0.1:1"],

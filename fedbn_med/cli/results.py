@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedbn_med.spec import RunSpec, settings_module
+from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
     from fedbn_med.evaluation.comparison import Comparison
@@ -34,15 +34,18 @@ def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str,
 
 
 def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
-    from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
+    from fedbn_med.evaluation.comparison import Cell, Comparison
+    from fedbn_med.evaluation.runner import task_metrics
+    from fedbn_med.tasks import get_task
 
-    # the task's scores (MRI: Dice), else the protocol's (balanced accuracy, AUC, ...)
-    metrics = tuple(getattr(settings_module(specs[0].task), "METRICS", METRICS))
+    # the task's scores (MRI: Dice) and the validation metric that picks each run's round
+    metrics = task_metrics(specs[0].task)
+    selection = get_task(specs[0].task).selection
     comparison = Comparison(sites=tuple(specs[0].sites), n_folds=specs[0].n_folds,
                             metric_names=metrics)
     for spec, result in zip(specs, results):
         comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
-                                      metrics=metrics))
+                                      metrics=metrics, selection=selection))
     if specs[0].task == "abide":  # the majority-class and motion-only rows
         from fedbn_med.evaluation.references import add_reference_rows
 

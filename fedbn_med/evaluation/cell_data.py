@@ -69,14 +69,16 @@ def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
 
 
 def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
-                  sites: Mapping[str, SiteConfig]) -> Mapping[str, PreparedSite]:
+                  sites: Mapping[str, SiteConfig] | None = None
+                  ) -> Mapping[str, PreparedSite]:
     """Return the sites' data with the spec's feature chain applied, when it has one.
 
     :func:`prepare_sites` gives whole-series features, which every method of a cell and
     the reference rows share. A method whose strategy or settings transform them (per-site
     z, ComBat, FD regression, sliding windows) gets its rows built as a run of it builds
     them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on the training
-    rows only), on the same split.
+    rows only), on the same split. ``sites``: their site files, loaded from ``sites/``
+    when omitted.
     """
     from fedbn_med.tasks.abide.build import feature_transform, prepare_site_data
 
@@ -84,6 +86,10 @@ def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
     if not (getattr(settings, "windows", 0) or getattr(settings, "fd_regression", False)
             or feature_transform(spec) != "none"):
         return prepared
+    if sites is None:
+        from fedbn_med.tasks.abide.sites import load_sites
+
+        sites = load_sites(list(prepared))
     return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec))
             for name, p in prepared.items()}
 

@@ -17,34 +17,48 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedbn_med.evaluation.cell_data import PreparedSite, prepare_sites, with_features
-from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
+from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison, SitePredictions
 from fedbn_med.evaluation.references import reference_cells
+from fedbn_med.spec import settings_module
+from fedbn_med.tasks import Selection
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
 
-__all__ = ["compare", "run_cell", "run_comparison"]
+__all__ = ["compare", "run_cell", "run_comparison", "task_metrics"]
 
 logger = logging.getLogger(__name__)
 
 
-class _BestRoundKeeper:
-    """Keep each site's test predictions at the round of lowest mean validation loss."""
+def task_metrics(task: str) -> tuple[str, ...]:
+    """Return the test scores a task's cells are tabulated by, headline first.
 
-    def __init__(self, trainers: Mapping[str, Any], prepared: Mapping[str, PreparedSite]
-                 ) -> None:
+    The task's ``METRICS`` (``fedbn_med.tasks.<task>.settings``; MRI: Dice), else the
+    protocol's (:data:`~fedbn_med.evaluation.comparison.METRICS`: balanced accuracy, AUC,
+    accuracy).
+    """
+    return tuple(getattr(settings_module(task), "METRICS", METRICS))
+
+
+class _BestRoundKeeper:
+    """Keep each site's test predictions at the round the task's selection picks."""
+
+    def __init__(self, trainers: Mapping[str, Any], prepared: Mapping[str, PreparedSite],
+                 selection: Selection) -> None:
         self.trainers = trainers
         self.prepared = prepared
+        self.key = f"val_{selection.metric}"
+        self.sign = 1.0 if selection.lower else -1.0  # sign * mean: lower is better
         self.best_value = math.inf
         self.best = 0
         self.predictions: dict[str, SitePredictions] = {}
 
     def __call__(self, rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-        losses = [float(m["val_loss"]) for m in metrics.values()
-                  if "val_loss" in m and math.isfinite(float(m["val_loss"]))]
-        value = float(np.mean(losses)) if losses else math.inf
-        # as best_round: the lowest finite loss, the earliest on ties; none: the last round
+        values = [float(m[self.key]) for m in metrics.values()
+                  if self.key in m and math.isfinite(float(m[self.key]))]
+        value = self.sign * float(np.mean(values)) if values else math.inf
+        # as best_round: the best finite mean, the earliest on ties; none: the last round
         if math.isfinite(self.best_value) and not value < self.best_value:
             return
         self.best, self.best_value = rnd, value
@@ -59,11 +73,15 @@ class _BestRoundKeeper:
                                                      s.labels[s.split.test].copy(), prob)
 
 
-
 def run_cell(spec: RunSpec, label: str | None = None,
              prepared: Mapping[str, PreparedSite] | None = None,
              sites: Mapping[str, SiteConfig] | None = None) -> Cell:
-    """Run one federation in this process and return its cell with per-subject predictions.
+    """Run one federation of any task in this process and return its cell.
+
+    The sites are built and run by
+    :func:`~fedbn_med.training.inprocess.build_federation`; the cell's best round is the
+    one the task's ``selection`` picks and its scores are the task's
+    (:func:`task_metrics`).
 
     Parameters
     ----------
@@ -72,28 +90,34 @@ def run_cell(spec: RunSpec, label: str | None = None,
     label : str, optional
         The method's name in the tables (default: the strategy's label).
     prepared : mapping, optional
-        The sites' data from :func:`prepare_sites` for this spec (built when omitted).
+        The sites' data of a subject-level comparison (:func:`prepare_sites` for this
+        spec): the run trains on them, through the spec's own feature chain
+        (:func:`with_features`), and the cell keeps each subject's test prediction at the
+        selected round and the cell's subject counts. When omitted, each site's
+        ``build_site`` prepares its data, and the cell has neither.
     sites : mapping of site name to SiteConfig, optional
-        Loaded from ``sites/`` when omitted.
+        The site files of ``prepared`` (loaded from ``sites/`` when omitted).
     """
-    from fedbn_med.tasks.abide.build import build_pooled, build_trainer
-    from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.training.inprocess import run_in_process
+    from fedbn_med.tasks import get_task
+    from fedbn_med.training.inprocess import build_federation
 
-    sites = sites or load_sites(list(spec.sites))
-    prepared = with_features(spec, prepared or prepare_sites(spec, sites), sites)
-    trainers = {name: build_trainer(sites[name], spec, prepared[name].data) for name in sites}
-    strategy = spec.strategy_obj()
-    pooled = build_pooled(trainers, spec) if strategy.pooled else None
-    keeper = _BestRoundKeeper(trainers, prepared)
-    history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled,
-                             weighting=spec.weighting, on_round=keeper)
+    task = get_task(spec.task)
+    keeper = None
+    if prepared is None:
+        federation = build_federation(spec)
+    else:
+        prepared = with_features(spec, prepared, sites)
+        federation = build_federation(spec, {name: p.data for name, p in prepared.items()})
+        keeper = _BestRoundKeeper(federation.trainers, prepared, task.selection)
+    history = federation.run(on_round=keeper)
+    splits = [p.split for p in (prepared or {}).values()]
     cell = Cell.from_rows(
         label or spec.label, spec.fold, spec.seed, history.rows,
-        predictions=keeper.predictions,
-        n_train=sum(p.split.train.size + p.split.val.size for p in prepared.values()),
-        n_test=sum(p.split.test.size for p in prepared.values()))
-    if cell.best_round != keeper.best:  # only when no validation loss is finite
+        predictions=keeper.predictions if keeper is not None else None,
+        n_train=sum(s.train.size + s.val.size for s in splits),
+        n_test=sum(s.test.size for s in splits),
+        metrics=task_metrics(spec.task), selection=task.selection)
+    if keeper is not None and cell.best_round != keeper.best:  # no finite validation score
         logger.warning("%s fold %d seed %d: predictions kept at round %d, the rows' best "
                        "round is %d.", cell.strategy, spec.fold, spec.seed, keeper.best,
                        cell.best_round)

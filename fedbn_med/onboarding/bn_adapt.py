@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 Weights = dict[str, torch.Tensor]
+#: ``loss(output, target) -> scalar tensor``: what BN fine-tuning minimises.
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def check_weights(model: nn.Module, weights: Mapping[str, torch.Tensor], source: str
@@ -126,30 +128,36 @@ def _set_affine(model: nn.Module, affine: Mapping[str, torch.Tensor] | None) -> 
             state[key].copy_(tensor)
 
 
-def estimate_bn_statistics(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> None:
+def estimate_bn_statistics(model: nn.Module, x: torch.Tensor | Sequence[torch.Tensor],
+                           batch_size: int = 512) -> None:
     """Re-estimate every BN layer's running mean and variance on unlabeled inputs.
 
     The statistics are reset and accumulated as a cumulative average over the batches
-    (``momentum=None``); with one batch they are exactly the data's. Only the BN layers
-    run in training mode, so dropout stays off as at test time (which is why this does
-    not use ``torch.optim.swa_utils.update_bn``): the pass of
+    (``momentum=None``); with one batch they are exactly the data's. ``x`` is one tensor
+    (cut into batches of ``batch_size``) or a sequence of batches as they come (e.g. a
+    dataset site's patches). Only the BN layers run in training mode, so dropout stays
+    off as at test time (which is why this does not use
+    ``torch.optim.swa_utils.update_bn``): the pass of
     :func:`fedbn_med.training.bn_stats.start_bn_statistics`.
     """
-    if x.shape[0] < 2:
-        raise ValueError(f"Estimating BN statistics needs at least 2 examples, got {x.shape[0]}.")
+    chunks = ([x[start:start + batch_size] for start in range(0, x.shape[0], batch_size)]
+              if isinstance(x, torch.Tensor) else list(x))
+    n = sum(int(c.shape[0]) for c in chunks)
+    if n < 2:
+        raise ValueError(f"Estimating BN statistics needs at least 2 examples, got {n}.")
     if not bn_layers(model):
         raise ValueError("The model has no BN layer with running statistics to estimate.")
-    chunks = (x[start:start + batch_size] for start in range(0, x.shape[0], batch_size))
-    start_bn_statistics(model, chunks, next(model.parameters()).device, only_bn=True)
+    start_bn_statistics(model, iter(chunks), next(model.parameters()).device, only_bn=True)
 
 
 def finetune_bn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: int = 50,
-                lr: float = 0.05) -> list[float]:
+                lr: float = 0.05, loss: Loss = nn.functional.cross_entropy) -> list[float]:
     """Fine-tune only the BN scale and shift on labeled cases; return the losses.
 
     Every other parameter is frozen. The model stays in evaluation mode, so the BN
     layers normalise with the statistics estimated on the site's unlabeled data: a few
-    labeled cases would give poor batch statistics.
+    labeled cases would give poor batch statistics. ``loss(output, target)`` is the
+    task's (its objective's; cross-entropy of class logits by default).
     """
     if steps < 1 or not (lr > 0 and math.isfinite(lr)):
         raise ValueError(f"steps must be >= 1 and lr positive, got steps={steps}, lr={lr}.")
@@ -169,10 +177,10 @@ def finetune_bn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
             p.requires_grad_(name in keys)
         for _ in range(steps):
             optimiser.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
+            value = loss(model(xb), yb)
+            value.backward()
             optimiser.step()
-            losses.append(float(loss.detach()))
+            losses.append(float(value.detach()))
     finally:
         for name, p in model.named_parameters():
             p.requires_grad_(flags[name])
@@ -180,9 +188,10 @@ def finetune_bn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps: in
     return losses
 
 
-def adapt_model(model: nn.Module, weights: Mapping[str, torch.Tensor], unlabeled: torch.Tensor,
-                *, affine: Mapping[str, torch.Tensor] | None = None,
-                batch_size: int = 512, source: str = "the federation") -> nn.Module:
+def adapt_model(model: nn.Module, weights: Mapping[str, torch.Tensor],
+                unlabeled: torch.Tensor | Sequence[torch.Tensor], *,
+                affine: Mapping[str, torch.Tensor] | None = None, batch_size: int = 512,
+                source: str = "the federation") -> nn.Module:
     """Give a model the federation's shared weights and the site's own BN layers.
 
     Parameters
@@ -191,13 +200,14 @@ def adapt_model(model: nn.Module, weights: Mapping[str, torch.Tensor], unlabeled
         A fresh model of the federation's architecture; changed in place.
     weights : mapping
         The federation's weights; only the shared (non-BN) keys are used.
-    unlabeled : torch.Tensor
-        The site's inputs on which the BN statistics are estimated.
+    unlabeled : torch.Tensor or sequence of torch.Tensor
+        The site's inputs on which the BN statistics are estimated (one tensor, or its
+        batches: see :func:`estimate_bn_statistics`).
     affine : mapping, optional
         BN scale and shift to use (e.g. averaged over the training sites); None resets
         them to ``weight=1, bias=0``.
     batch_size : int
-        Batch size of the statistics pass.
+        Batch size of the statistics pass (when ``unlabeled`` is one tensor).
     source : str
         Where the weights came from, for error messages.
 

@@ -3,21 +3,20 @@
 :func:`onboard` scores the FedAvg global model as it is (with a FedAvg run's full
 weights), the same with local BN statistics, FedBN's shared weights with local BN
 statistics, each plus BN fine-tuning, and a model trained on the few labeled cases alone
-(SingleSet reference). :func:`onboard_new_site` does it for an ABIDE site config, from a
-server checkpoint, an MLflow run or a quick in-process federation, and logs the result
-as a new site run (:func:`log_onboarding`); :func:`method_table` prints it.
+(SingleSet reference), every score through the site's objective (binary metrics for
+ABIDE, Dice for MRI). :func:`fedbn_med.onboarding.new_site.onboard_new_site` does it for
+a site of any task; :func:`log_onboarding` logs the result as a new site run and
+:func:`method_table` prints it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,28 +24,11 @@ from torch import nn
 from fedbn_med.evaluation.tables import format_interval
 from fedbn_med.fl.partition import partition_model, select
 from fedbn_med.fl.strategies import SingleSet
-from fedbn_med.onboarding.bn_adapt import (
-    adapt_model,
-    bn_affine_keys,
-    check_weights,
-    few_shot_indices,
-    finetune_bn,
-    load_bn_affine,
-)
-from fedbn_med.onboarding.weights import (
-    ONBOARDING_EXPERIMENT,
-    FederationWeights,
-    WeightsSource,
-    abide_input_shape,
-    check_site_fits,
-    train_federation,
-)
-from fedbn_med.tasks.abide.build import build_model, prepare_site_data
-from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
-from fedbn_med.training.trainer import SiteData, SiteTrainer, derive_seed, resolve_device
-
-if TYPE_CHECKING:
-    from fedbn_med.spec import RunSpec
+from fedbn_med.onboarding.bn_adapt import adapt_model, bn_affine_keys, check_weights, finetune_bn
+from fedbn_med.onboarding.cases import draw_labeled, unlabeled_inputs
+from fedbn_med.onboarding.weights import ONBOARDING_EXPERIMENT, FederationWeights, check_site_fits
+from fedbn_med.training.objective import BinaryClassification, Objective
+from fedbn_med.training.trainer import SiteTrainer, derive_seed
 
 __all__ = [
     "OnboardingOptions",
@@ -54,10 +36,12 @@ __all__ = [
     "log_onboarding",
     "method_table",
     "onboard",
-    "onboard_new_site",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The table's columns unless a task says otherwise (ABIDE's: accuracy and AUC).
+DEFAULT_COLUMNS = ("test_accuracy", "test_auc")
 
 
 @dataclass(frozen=True)
@@ -67,7 +51,9 @@ class OnboardingOptions:
     Attributes
     ----------
     shots : int
-        Labeled cases per class for BN fine-tuning and the local reference (0: neither).
+        Labeled cases for BN fine-tuning and the local reference (0: neither): per class
+        where the labels are classes (ABIDE, X-ray), in all where they are label maps
+        (MRI segmentation); see :mod:`fedbn_med.onboarding.cases`.
     finetune_steps, finetune_lr : int, float
         Full-batch SGD steps and learning rate of BN fine-tuning.
     stats_batch_size : int
@@ -107,7 +93,8 @@ class OnboardingResult:
     site : str
         The onboarded site.
     metrics : dict
-        ``{method: {"test_accuracy": ..., "test_auc": ..., "val_accuracy": ...}}``.
+        ``{method: {"test_<metric>": ..., "val_<metric>": ...}}``, the site objective's
+        metrics (ABIDE: accuracy, AUC, ...; MRI: Dice, ...).
     labels : dict
         ``{method: row label for tables}``.
     counts : dict
@@ -116,6 +103,10 @@ class OnboardingResult:
         Where each set of weights came from.
     notes : list of str
         What was done that a reader should know (e.g. a quick federation was trained).
+    round : int or None
+        The round of the federation's weights, when known.
+    columns : tuple of str
+        The metrics :meth:`table` shows (the task's headline first).
     """
 
     site: str
@@ -125,14 +116,16 @@ class OnboardingResult:
     sources: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     round: int | None = None
+    columns: tuple[str, ...] = DEFAULT_COLUMNS
 
     def flat_metrics(self) -> dict[str, float]:
         """Return ``{"<method>_<metric>": value}`` for logging."""
         return {f"{m}_{k}": v for m, vals in self.metrics.items() for k, v in vals.items()}
 
-    def table(self, columns: Sequence[str] = ("test_accuracy", "test_auc")) -> str:
-        """Return the comparison as a markdown table (rates in %)."""
-        return method_table({m: [v] for m, v in self.metrics.items()}, self.labels, columns)
+    def table(self, columns: Sequence[str] | None = None) -> str:
+        """Return the comparison as a markdown table (rates in %; default: :attr:`columns`)."""
+        return method_table({m: [v] for m, v in self.metrics.items()}, self.labels,
+                            self.columns if columns is None else columns)
 
 
 def _name(strategy: str | None, full: bool) -> str:
@@ -141,7 +134,7 @@ def _name(strategy: str | None, full: bool) -> str:
     return "fedavg" if full else "fedbn"
 
 
-def _labels(name: str, shots: int, affine: str) -> dict[str, str]:
+def _labels(name: str, shots: str, affine: str) -> dict[str, str]:
     pretty = {"fedavg": "FedAvg", "fedbn": "FedBN"}.get(name, name)
     tag = {"fedavg": ("(a) ", "", ""), "fedbn": ("", "(b) ", "(c) ")}.get(name, ("", "", ""))
     return {
@@ -149,18 +142,19 @@ def _labels(name: str, shots: int, affine: str) -> dict[str, str]:
         f"{name}_local_bn_reset": f"{pretty} + local BN stats, scale/shift reset",
         f"{name}_local_bn": f"{tag[1]}{pretty} + local BN stats, {affine} scale/shift",
         f"{name}_local_bn_finetune": f"{tag[2]}{pretty} + local BN stats + BN fine-tune "
-                                     f"({shots}/class)",
+                                     f"({shots})",
     }
 
 
-def _evaluate(site: str, model: nn.Module, data: SiteData, device: str) -> dict[str, float]:
+def _evaluate(site: str, model: nn.Module, data: Any, objective: Objective, device: str
+              ) -> dict[str, float]:
     # SingleSet exchanges nothing, so score() loads no weight and scores the model as is.
-    return SiteTrainer(site, model, data, SingleSet(), device=device).score()
+    return SiteTrainer(site, model, data, SingleSet(), objective, device=device).score()
 
 
 def onboard(
     site: str,
-    data: SiteData,
+    data: Any,
     make_model: Callable[[], nn.Module],
     sources: Sequence[FederationWeights],
     *,
@@ -168,6 +162,7 @@ def onboard(
     affine: Mapping[str, torch.Tensor] | None = None,
     options: OnboardingOptions | None = None,
     device: str = "cpu",
+    trainer: SiteTrainer | None = None,
 ) -> OnboardingResult:
     """Onboard a site that never trained and score every method on its test split.
 
@@ -175,9 +170,10 @@ def onboard(
     ----------
     site : str
         The new site's name.
-    data : SiteData
-        Its data: BN statistics come from the train and validation inputs (labels
-        unused), the labeled cases from the train split, the scores from val and test.
+    data : SiteData or ImageSiteData
+        Its data: BN statistics come from its unlabeled inputs, the labeled cases from
+        the train split (:mod:`fedbn_med.onboarding.cases` says which, per kind of
+        data), the scores from val and test.
     make_model : callable
         Returns a fresh model of the federation's architecture.
     sources : sequence of FederationWeights
@@ -192,149 +188,84 @@ def onboard(
         Shots, fine-tuning and reference settings.
     device : str
         Where to compute.
+    trainer : SiteTrainer, optional
+        The site's trainer as its task builds it: its objective scores every method,
+        batches the cases and gives the fine-tuning loss; its optimiser trains the
+        reference and its batch size batches a dataset site's statistics pass. Default:
+        binary classification of tensors, the reference trained by SGD (ABIDE's).
 
     Returns
     -------
     OnboardingResult
     """
     options = options or OnboardingOptions()
+    objective = trainer.objective if trainer is not None else BinaryClassification()
     check_site_fits(site, data.input_shape, input_shape)
     if not sources:
         raise ValueError("Onboarding needs the weights of at least one federation; none given.")
     for src in sources:
         check_weights(make_model(), src.weights, src.source)
-    unlabeled = torch.cat([data.train[0], data.val[0]])
+    # a dataset site's statistics pass runs in training batches (tensors: stats_batch_size)
+    unlabeled = unlabeled_inputs(data, objective, trainer.batch_size if trainer is not None
+                                 else options.stats_batch_size,
+                                 derive_seed(options.seed, site, "unlabeled"))
     result = OnboardingResult(site=site, sources=[s.source for s in sources],
                               round=next((s.round for s in sources if s.round), None))
-    labeled = None
-    if options.shots:
-        idx = few_shot_indices(data.train[1], options.shots,
-                               derive_seed(options.seed, site, "few-shot"))
-        labeled = (data.train[0][idx], data.train[1][idx])
-    result.counts = {"unlabeled": int(unlabeled.shape[0]),
-                     "labeled": 0 if labeled is None else int(labeled[1].numel()),
-                     "test": int(data.test[1].numel())}
+    labeled = (draw_labeled(data, objective, options.shots,
+                            derive_seed(options.seed, site, "few-shot"))
+               if options.shots else None)
+    result.counts = {"unlabeled": (int(unlabeled.shape[0]) if isinstance(unlabeled, torch.Tensor)
+                                   else len(data.train)),  # rows, or a dataset's cases
+                     "labeled": 0 if labeled is None else labeled.cases,
+                     "test": _size(data.test)}
+    shots = "" if labeled is None else (f"{options.shots}/class" if labeled.per_class
+                                        else f"{options.shots} cases")
+
+    def evaluate(key: str, model: nn.Module, labels: Mapping[str, str]) -> None:
+        result.metrics[key] = _evaluate(site, model, data, objective, device)
+        result.labels[key] = labels[key]
 
     for src in sources:
         probe = make_model()
         full = partition_model(probe).private <= set(src.weights)
         name = _name(src.strategy, full)
-        labels = _labels(name, options.shots, "global" if full else
+        labels = _labels(name, shots, "global" if full else
                          "reset" if affine is None else "averaged")
         if full:
             model = make_model()
             model.load_state_dict(dict(src.weights))
-            result.metrics[f"{name}_as_is"] = _evaluate(site, model, data, device)
-            result.labels[f"{name}_as_is"] = labels[f"{name}_as_is"]
+            evaluate(f"{name}_as_is", model, labels)
         own = select(src.weights, bn_affine_keys(probe)) if full else affine
         if not full and affine is not None:  # what sharing the averaged scale/shift buys
             model = adapt_model(make_model(), src.weights, unlabeled, affine=None,
                                 batch_size=options.stats_batch_size, source=src.source)
-            result.metrics[f"{name}_local_bn_reset"] = _evaluate(site, model, data, device)
-            result.labels[f"{name}_local_bn_reset"] = labels[f"{name}_local_bn_reset"]
+            evaluate(f"{name}_local_bn_reset", model, labels)
         model = adapt_model(make_model(), src.weights, unlabeled, affine=own,
                             batch_size=options.stats_batch_size, source=src.source)
-        result.metrics[f"{name}_local_bn"] = _evaluate(site, model, data, device)
-        result.labels[f"{name}_local_bn"] = labels[f"{name}_local_bn"]
+        evaluate(f"{name}_local_bn", model, labels)
         if labeled is not None:
-            finetune_bn(model, *labeled, steps=options.finetune_steps, lr=options.finetune_lr)
-            result.metrics[f"{name}_local_bn_finetune"] = _evaluate(site, model, data, device)
-            result.labels[f"{name}_local_bn_finetune"] = labels[f"{name}_local_bn_finetune"]
+            finetune_bn(model, labeled.inputs, labeled.targets, steps=options.finetune_steps,
+                        lr=options.finetune_lr, loss=objective.loss)
+            evaluate(f"{name}_local_bn_finetune", model, labels)
 
     if labeled is not None and options.reference:
         torch.manual_seed(derive_seed(options.seed, site, "reference-init"))
-        local = SiteData(train=labeled, val=data.val, test=data.test)
-        trainer = SiteTrainer(site, make_model(), local, SingleSet(),
-                              batch_size=max(2, min(32, labeled[1].numel())),
-                              local_epochs=options.reference_epochs, seed=options.seed,
-                              device=device)
-        trainer.fit({}, {"round": 1})
-        result.metrics["local_few_shot"] = trainer.score()
-        result.labels["local_few_shot"] = (f"local only, {options.shots}/class labeled "
-                                           "(SingleSet ref.)")
+        local = SiteTrainer(site, make_model(), labeled.data, SingleSet(), objective,
+                            trainer.optimiser.fresh() if trainer is not None else "sgd",
+                            batch_size=max(2, min(32, labeled.cases)),
+                            local_epochs=options.reference_epochs, seed=options.seed,
+                            device=device)
+        local.fit({}, {"round": 1})
+        result.metrics["local_few_shot"] = local.score()
+        result.labels["local_few_shot"] = f"local only, {shots} labeled (SingleSet ref.)"
     return result
 
 
-# -- ABIDE sites -------------------------------------------------------------------------
-def onboard_new_site(
-    site: SiteConfig,
-    config: RunSpec,
-    *,
-    federation: WeightsSource | None = None,
-    fedavg: WeightsSource | None = None,
-    bn_affine: str | Path | None = None,
-    options: OnboardingOptions | None = None,
-    tracking_uri: str | None = None,
-    log: bool = True,
-) -> OnboardingResult:
-    """Onboard an ABIDE site from a federation's weights, score it and log it to MLflow.
-
-    Parameters
-    ----------
-    site : SiteConfig
-        The new site; its data come from ``site.data_dir`` or the built-in cohort.
-    config : RunSpec
-        Fold, seed and device; with no ``federation``, also the quick federation's
-        settings (strategy FedBN and FedAvg, ``config.sites``, ``config.rounds``).
-    federation : CheckpointSource or MlflowRunSource, optional
-        The federation's weights. None trains a FedBN and a FedAvg federation on
-        ``config.sites`` in this process first (their averaged BN scale and shift stand
-        in for a consortium that shares them).
-    fedavg : CheckpointSource or MlflowRunSource, optional
-        A FedAvg run's full weights, for the FedAvg rows.
-    bn_affine : path, optional
-        File of averaged BN scale and shift (:func:`save_bn_affine`); else they are reset.
-    options : OnboardingOptions, optional
-        Shots, fine-tuning and reference settings.
-    tracking_uri : str, optional
-        MLflow store; defaults to the tracker's default.
-    log : bool
-        Log the result to MLflow (experiment ``abide-onboarding``).
-    """
-    if site.name in config.sites and federation is None:
-        raise ValueError(
-            f"Site '{site.name}' is one of the training sites ({', '.join(config.sites)}); "
-            "onboarding is for a site that took no part in training."
-        )
-    affine = load_bn_affine(bn_affine) if bn_affine is not None else None
-    loaded = [src.load() for src in (federation, fedavg) if src is not None]
-    data = prepare_site_data(site, config)
-    notes = []
-    if federation is None:
-        note = (f"No checkpoint or MLflow run given: training a quick FedBN and FedAvg "
-                f"federation in-process on {', '.join(config.sites)} ({config.rounds} rounds) "
-                "first; the FedBN sites' averaged BN scale and shift are used.")
-        logger.info(note)
-        notes.append(note)
-        training = load_sites(list(config.sites))
-        datas = {n: prepare_site_data(cfg, config) for n, cfg in training.items()}
-        check_site_fits(site.name, data.input_shape, next(iter(datas.values())).input_shape)
-        fedbn_run = train_federation(config.replace(strategy="fedbn"), datas)
-        loaded = [fedbn_run.weights, *(loaded or [
-            train_federation(config.replace(strategy="fedavg"), datas).weights])]
-        affine = affine if affine is not None else dict(fedbn_run.bn_affine)
-        input_shape = fedbn_run.input_shape
-    else:
-        input_shape = abide_input_shape(loaded[0].weights)
-    if affine is None:
-        notes.append("No averaged BN scale/shift given: the new site's are reset (1, 0).")
-    check_site_fits(site.name, data.input_shape, input_shape)
-    result = onboard(site.name, data, lambda: build_model(int(input_shape[0]), config),
-                     loaded, input_shape=input_shape, affine=affine, options=options,
-                     device=str(resolve_device(config.device)))
-    result.notes = notes + result.notes
-    if log:
-        run_id = log_onboarding(result, params={**config.params(),
-                                                **_option_params(options)},
-                                tracking_uri=tracking_uri)
-        result.notes.append(f"Logged to MLflow experiment '{ONBOARDING_EXPERIMENT}', "
-                            f"site run {run_id}.")
-    return result
+def _size(split: Any) -> int:
+    """Return the examples of a split: a ``(features, labels)`` pair, or a dataset."""
+    return int(split[1].numel()) if isinstance(split, tuple) else len(split)
 
 
-def _option_params(options: OnboardingOptions | None) -> dict[str, object]:
-    opts = options or OnboardingOptions()
-    return {f"onboarding_{k}": v for k, v in dataclasses.asdict(opts).items()}
 
 
 def log_onboarding(result: OnboardingResult, *, params: Mapping[str, object] | None = None,

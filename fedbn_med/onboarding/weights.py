@@ -18,9 +18,8 @@ import torch
 
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.onboarding.bn_adapt import average_bn_affine
-from fedbn_med.tasks.abide.build import build_trainer, prepare_site_data
-from fedbn_med.tasks.abide.sites import load_sites
-from fedbn_med.training.inprocess import run_in_process
+from fedbn_med.tasks import get_task
+from fedbn_med.training.inprocess import build_federation
 from fedbn_med.training.trainer import ShapeMismatchError, SiteData
 
 if TYPE_CHECKING:
@@ -184,25 +183,30 @@ def train_federation(config: RunSpec,
     config : RunSpec
         Strategy, rounds, seed and the training sites.
     datas : mapping, optional
-        Already loaded site data, to avoid reading it again.
+        Already loaded site data, to avoid reading it again (a task with ``site_data``
+        only; the sites not in it load theirs).
     """
-    sites = load_sites(list(config.sites))
-    datas = {n: (datas or {}).get(n) or prepare_site_data(sites[n], config) for n in sites}
-    shapes = {n: d.input_shape for n, d in datas.items()}
-    if len(set(shapes.values())) != 1:
-        raise ValueError(f"The training sites' data differ in shape: {shapes}.")
-    trainers = {n: build_trainer(sites[n], config, datas[n]) for n in sites}
     strategy = config.strategy_obj()
     if strategy.pooled or not strategy.exchanges:
         raise ValueError(f"Strategy '{strategy.label}' has no global model to onboard from; "
                          "use a federated strategy such as 'fedbn' or 'fedavg'.")
+    task = get_task(config.task)
+    loaded = None
+    if task.site_data is not None:  # the sites' data not given are the task's own
+        given = datas or {}
+        loaded = {n: given.get(n) or task.site_data(n, config) for n in config.sites}
+    federation = build_federation(config, loaded if loaded is not None else datas)
+    shapes = {n: t.input_shape for n, t in federation.trainers.items()}
+    if len(set(shapes.values())) != 1:
+        raise ValueError(f"The training sites' data differ in shape: {shapes}.")
     # The driver's rounds without their per-round evaluation, which (scikit-learn
     # scoring) is about 80 % of a small run's time and unused here.
-    history = run_in_process(trainers, strategy, config.rounds, evaluate=False)
-    affine = average_bn_affine(trainers.values()) if strategy.keeps_private else {}
+    history = federation.run(evaluate=False)
+    affine = (average_bn_affine(federation.trainers.values()) if strategy.keeps_private
+              else {})
     weights = FederationWeights(
         weights=history.global_weights,
-        source=f"in-process {strategy.label} federation of {', '.join(sites)} "
+        source=f"in-process {strategy.label} federation of {', '.join(config.sites)} "
                f"({config.rounds} rounds, seed {config.seed})",
         round=config.rounds, strategy=strategy.label,
     )

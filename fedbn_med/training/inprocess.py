@@ -1,7 +1,10 @@
 """Run a whole federation in one process, site after site.
 
 This is the reference implementation of a federated run: tests use it, benchmarks sweep
-with it, and the Flower engine must reproduce its per-site results.
+with it, and the Flower engine must reproduce its per-site results. A run spec becomes
+site trainers in one place, :func:`build_federation`, whose :meth:`Federation.run` hands
+the spec's round settings to :func:`run_in_process`; ``--engine inprocess``, the
+benchmarks, onboarding and the evaluation runner all go through it.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from fedbn_med.evaluation.report import RunResult
     from fedbn_med.spec import RunSpec
 
-__all__ = ["History", "run_in_process", "run_spec"]
+__all__ = ["Federation", "History", "build_federation", "run_in_process", "run_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,24 +176,101 @@ def run_in_process(
     return history
 
 
-def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
-             ) -> tuple[History, frozenset[str]]:
-    """Build the sites of ``spec`` through its task and run them in this process.
+@dataclass(frozen=True)
+class Federation:
+    """Every site of a run spec, built through its task, ready to run in this process.
 
-    Returns the history and the keys the sites kept home (BN layers under FedBN).
+    Attributes
+    ----------
+    spec : RunSpec
+        The run: its strategy, rounds and weighting drive :meth:`run`.
+    trainers : mapping of site name to SiteTrainer
+        The sites, in the spec's order.
+    pooled : SiteTrainer or None
+        The trainer over every site's training data (Centralized only).
+    """
+
+    spec: RunSpec
+    trainers: Mapping[str, SiteTrainer]
+    pooled: SiteTrainer | None = None
+
+    @property
+    def kept(self) -> frozenset[str]:
+        """Return the keys the sites keep home (their BN layers under FedBN)."""
+        return next(iter(self.trainers.values())).kept
+
+    def run(self, on_round: RoundCallback | None = None, *, evaluate: bool = True
+            ) -> History:
+        """Run the spec's rounds over the sites, with every round setting of the spec.
+
+        Parameters
+        ----------
+        on_round : callable, optional
+            Called after each round with ``(round, {site: metrics})``.
+        evaluate : bool
+            Score every site after every round (off: training only, e.g. to get weights).
+        """
+        spec = self.spec
+        return run_in_process(self.trainers, spec.strategy_obj(), spec.rounds,
+                              pooled=self.pooled, on_round=on_round, evaluate=evaluate,
+                              weighting=spec.weighting)
+
+
+def build_federation(spec: RunSpec, datas: Mapping[str, Any] | None = None) -> Federation:
+    """Build every site of ``spec`` through its task, and the pooled trainer it needs.
+
+    This is the one place a spec becomes in-process site trainers: each site from the
+    task's ``build_site`` (:func:`fedbn_med.tasks.get_task`), the Centralized baseline's
+    trainer from its ``build_pooled``; :meth:`Federation.run` then passes the spec's
+    rounds, strategy and weighting to :func:`run_in_process` (seeds, DP and local
+    training settings are the trainers', from the same spec).
+
+    Parameters
+    ----------
+    spec : RunSpec
+        The run.
+    datas : mapping of site name to site data, optional
+        Each site's data to train on instead of the task's own (e.g. a benchmark's
+        subsample of the task's ``site_data``), one for every site of ``spec``; only for a
+        task with ``site_data``.
+
+    Raises
+    ------
+    ValueError
+        When ``datas`` misses a site or the task takes no data, or the strategy pools
+        the sites' data and the task has no pooled baseline.
     """
     from fedbn_med.tasks import get_task
 
     task = get_task(spec.task)
     strategy = spec.strategy_obj()
-    trainers = {name: task.build_site(name, spec, spec.data_dir, spec.device)
-                for name in spec.sites}
     if strategy.pooled and task.build_pooled is None:
         raise ValueError(f"Strategy '{strategy.name}' pools every site's data, and task "
                          f"'{spec.task}' has no pooled baseline; choose another strategy.")
+    if datas is not None:
+        if task.site_data is None:
+            raise ValueError(f"Task '{spec.task}' builds its sites' data inside build_site "
+                             "only (its site_data is None); it cannot train on given data.")
+        missing = [name for name in spec.sites if name not in datas]
+        if missing:
+            raise ValueError(f"No data given for site(s) {', '.join(missing)}; expected data "
+                             f"for every site of the run: {', '.join(spec.sites)}.")
+        trainers = {name: task.build_site(name, spec, spec.data_dir, spec.device,
+                                          data=datas[name]) for name in spec.sites}
+    else:
+        trainers = {name: task.build_site(name, spec, spec.data_dir, spec.device)
+                    for name in spec.sites}
     pooled = (task.build_pooled(trainers, spec)
               if strategy.pooled and task.build_pooled is not None else None)
-    first = next(iter(trainers.values()))
-    history = run_in_process(trainers, strategy, spec.rounds, pooled=pooled, on_round=on_round,
-                             weighting=spec.weighting)
-    return history, first.partition.all - first.exchanged
+    return Federation(spec, trainers, pooled)
+
+
+def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
+             ) -> tuple[History, frozenset[str]]:
+    """Build the sites of ``spec`` through its task and run them in this process.
+
+    Returns the history and the keys the sites kept home (BN layers under FedBN); see
+    :func:`build_federation`.
+    """
+    federation = build_federation(spec)
+    return federation.run(on_round), federation.kept
