@@ -9,24 +9,26 @@ and returns one :class:`~fedbn_med.evaluation.comparison.Comparison` per axis va
 that scores are keyed by (fold, seed) and two strategies pair by cell, never by the
 position of a run in a list (:func:`fedbn_med.evaluation.pairing.paired_differences`).
 
-The figures of a table are ``mean [95 % CI]`` over the cells (:func:`summary`,
-:func:`gap`, formatted by :func:`fedbn_med.evaluation.tables.format_stats`). The interval
-is the protocol's corrected resampled t by default; ``ci="naive"`` gives the t-interval
-that treats the cells as independent, which ``data_size.py`` and ``local_epochs.py``
-(published) have always shown and say so in their captions.
+The figures of a table are ``mean [corrected 95 % CI]`` over the cells (:func:`summary`,
+:func:`gap`, or :func:`corrected` for values a benchmark collects itself; formatted by
+:func:`fedbn_med.evaluation.tables.format_stats`), and its caption says so in the words
+of :func:`interval_caption`: the corrected resampled t of Nadeau and Bengio, since the
+cells share subjects. ``ci="naive"`` (the t-interval that treats the cells as
+independent) is kept for ``interval_design.py``'s comparison of the two.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from _common import Benchmark, run
+from _common import N_FOLDS, Benchmark, run
 from _plots import bar_plot
 
 from fedbn_med.evaluation.comparison import Cell, Comparison, interval
+from fedbn_med.evaluation.intervals import corrected_t_interval
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
@@ -34,7 +36,8 @@ if TYPE_CHECKING:
     from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
 
-__all__ = ["Interval", "gap", "publish_site_comparison", "run_grid", "summary", "sweep"]
+__all__ = ["Interval", "corrected", "gap", "half_width", "interval_caption",
+           "publish_site_comparison", "run_grid", "summary", "sweep"]
 
 V = TypeVar("V", bound=Hashable)
 #: Which interval a table gives: the corrected resampled t, or the naive t over cells.
@@ -116,6 +119,43 @@ def gap(comparison: Comparison, a: str, b: str, *, metric: str = METRIC, at: str
     mean, low, high, _ = comparison.difference(a, b, at, metric,
                                                corrected=ci == "corrected")
     return mean, low, high
+
+
+def corrected(values: Iterable[float], *, n_folds: int = N_FOLDS, level: float = 0.95
+              ) -> tuple[float, float, float]:
+    """Return (mean, low, high) of per-cell values with the corrected resampled t.
+
+    Each value is one (fold, seed) cell of ``n_folds``-fold cross-validation whose splits
+    each repetition re-draws, so ``n_test / n_train = 1 / (n_folds - 1)`` (the ratio
+    :attr:`Comparison.test_train_ratio` uses when cells carry no subject counts). NaN
+    values are left out; with fewer than two the bounds are NaN (no interval).
+    """
+    if n_folds < 2:
+        raise ValueError(f"n_folds must be at least 2 for a cross-validation interval, "
+                         f"got {n_folds!r}.")
+    return corrected_t_interval(list(values), 1.0 / (n_folds - 1), level)
+
+
+def half_width(stats: tuple[float, float, float], scale: float = 100.0) -> float:
+    """Return ``scale`` times the half-width of (mean, low, high): a plot's error bar.
+
+    0 when there is no interval (one cell).
+    """
+    mean, _, high = stats
+    return scale * (high - mean) if math.isfinite(high) and math.isfinite(mean) else 0.0
+
+
+def interval_caption(cells: int, unit: str = "(fold, seed) cells", *,
+                     n_folds: int = N_FOLDS) -> str:
+    """Return how a table's figures are summarised, for its caption.
+
+    ``mean [corrected 95 % CI] over N <unit>`` with the correction named, or, for a
+    single cell, that the figure is one run's with no interval.
+    """
+    if cells < 2:
+        return "1 run, no interval"
+    return (f"mean [corrected 95 % CI] over {cells} {unit} (Nadeau-Bengio resampled t, "
+            f"n_test/n_train = {1 / (n_folds - 1):.2f}: the cells share subjects)")
 
 
 def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],

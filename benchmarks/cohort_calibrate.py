@@ -16,8 +16,11 @@ subjects, so that no test subject is measured), and prints and writes
   per-site z-scored features (balanced accuracy, AUC). Calibration, not a test: the CV
   runs on the training parts only.
 
-    python benchmarks/cohort_calibrate.py --data-dir DIR [--sites PITT,YALE,...]
+    python benchmarks/cohort_calibrate.py --data-dir DIR [--quick] [--sites PITT,YALE,...]
                                           [--part train|all] [--c 0.01] [--seed 0]
+
+``--quick`` measures only the first two shared sites (PITT, YALE) unless ``--sites`` says
+otherwise: the same figures, in seconds, on any folder that holds those two.
 
 Writes ``table.md``, ``sites.csv`` and ``summary.json`` into
 ``benchmarks/results/cohort_calibrate/`` (or ``--out``).
@@ -37,6 +40,8 @@ from _common import RESULTS_DIR, markdown_table
 NAME = "cohort_calibrate"
 SHARED_SITES = ("PITT", "YALE", "MAX_MUN", "KKI", "TRINITY", "STANFORD", "CALTECH", "SDSU",
                 "OLIN", "LEUVEN_2", "SBL", "LEUVEN_1", "CMU", "OHSU")
+#: --quick: how many of the shared sites (from the first) are measured.
+QUICK_SITES = 2
 SITE_COLUMNS = ("site", "n", "asd_share", "fd_median_asd", "fd_median_control",
                 "log_fd_gap", "fd_auc", "site_bacc", "site_auc", "pooled_auc")
 
@@ -80,7 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, required=True,
                         help="folder holding ABIDE_pcp/ (the real release)")
-    parser.add_argument("--sites", type=_names, default=SHARED_SITES,
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI-sized run: the first {QUICK_SITES} shared sites "
+                             f"({','.join(SHARED_SITES[:QUICK_SITES])}) unless --sites")
+    parser.add_argument("--sites", type=_names, default=None,
                         help="comma-separated sites with a file in sites/ "
                              "(default: the 14 shared real sites)")
     parser.add_argument("--part", choices=("train", "all"), default="train",
@@ -93,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (args.data_dir / "ABIDE_pcp").is_dir():
         parser.error(f"--data-dir {args.data_dir} has no ABIDE_pcp/ folder; expected the "
                      "folder holding the ABIDE Preprocessed release.")
+    sites = args.sites or (SHARED_SITES[:QUICK_SITES] if args.quick else SHARED_SITES)
     started = time.perf_counter()
-    result = calibrate(args.data_dir, args.sites, part=args.part, seed=args.seed, c=args.c)
-    table = tables(result, f"Calibration figures, {len(args.sites)} sites, {args.part} "
+    result = calibrate(args.data_dir, sites, part=args.part, seed=args.seed, c=args.c)
+    table = tables(result, f"Calibration figures, {len(sites)} sites, {args.part} "
                            f"part, {args.data_dir}")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(table + "\n", encoding="utf-8")

@@ -18,7 +18,10 @@ splits, the same :func:`fedbn_med.tasks.abide.cohort.calibration.measure`) and p
 them beside the figures measured on the real shared sites
 (:data:`fedbn_med.tasks.abide.cohort.figures_v3.REAL_FIGURES`).
 
-    python benchmarks/cohort_check.py [--site-effects 0,1] [--seed 0] [--version 3]
+``--quick`` checks one half-size cohort (site effect 1, half the subjects per site) in
+seconds.
+
+    python benchmarks/cohort_check.py [--quick] [--site-effects 0,1] [--seed 0] [--version 3]
 """
 
 from __future__ import annotations
@@ -33,16 +36,19 @@ import numpy as np
 from _common import RESULTS_DIR, float_list, markdown_table
 
 NAME = "cohort_check"
+#: --quick: the site effects and the subject-count scale of the cohort.
+QUICK_EFFECTS, QUICK_SCALE = (1.0,), 0.5
 
 
-def _features(site_effect: float, seed: int, data_dir: Path | None, version: str
+def _features(site_effect: float, seed: int, data_dir: Path | None, version: str,
+              scale: float = 1.0
               ) -> tuple[Path, dict[str, tuple[np.ndarray, np.ndarray, tuple]]]:
     from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, ensure_cohort
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.sites import load_sites
 
     root = ensure_cohort(sites=DEFAULT_SITE_IDS, seed=seed, site_effect=site_effect,
-                         data_dir=data_dir, version=version)
+                         n_subjects_scale=scale, data_dir=data_dir, version=version)
     out = {}
     for name, cfg in load_sites(["NYU", "UM", "USM", "UCLA"]).items():
         feats = load_site_features(root, cfg.abide_site_ids, name=name)
@@ -95,7 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Generate the cohort at each strength and print its site and diagnosis figures."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--site-effects", type=float_list, default=(0.0, 1.0))
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI-sized run: site effect {QUICK_EFFECTS[0]:g} only, "
+                             f"{QUICK_SCALE:g} x the subjects")
+    parser.add_argument("--site-effects", type=float_list, default=None,
+                        help="site effects to generate (default 0,1; --quick: 1)")
     parser.add_argument("--seed", type=int, default=0, help="cohort seed")
     parser.add_argument("--version", default=None,
                         help="cohort generator version (default: the built-in one)")
@@ -107,13 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fedbn_med.tasks.abide.cohort import COHORT_VERSION, COHORT_VERSIONS
     from fedbn_med.tasks.abide.cohort.diagnostics import dx_pattern, site_lines
 
+    effects = args.site_effects or (QUICK_EFFECTS if args.quick else (0.0, 1.0))
+    scale = QUICK_SCALE if args.quick else 1.0
     version = args.version or COHORT_VERSION
     if version not in COHORT_VERSIONS:
         parser.error(f"--version must be one of {', '.join(COHORT_VERSIONS)}, got {version!r}")
     roots = {}
     body, site_rows = [], []
-    for effect in args.site_effects:
-        roots[effect], sites = _features(effect, args.seed, args.data_dir, version)
+    for effect in effects:
+        roots[effect], sites = _features(effect, args.seed, args.data_dir, version, scale)
         lines = site_lines({name: x for name, (x, _, _) in sites.items()})
         for name, (x, y, roi_labels) in sites.items():
             pattern = dx_pattern(args.seed, roi_labels, version)
@@ -123,13 +135,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{100 * _logreg_accuracy(x, y, args.seed):.1f}"])
         site_rows.append([f"{effect:g}", f"{100 * _site_accuracy(sites, args.seed):.1f}"])
         print(f"site_effect {effect:g} done", file=sys.stderr)
-    table = (f"Built-in cohort v{version}, seed {args.seed}\n\n"
+    size = "" if scale == 1 else f", {scale:g} x the subjects"
+    table = (f"Built-in cohort v{version}, seed {args.seed}{size}\n\n"
              + markdown_table(["site effect", "site", "subjects", "gain", "offset (z)",
                                "oracle AUC", "logreg acc (%)"], body)
              + "\n\nSite identification from the features (5-fold logistic regression)\n\n"
              + markdown_table(["site effect", "accuracy (%)"], site_rows))
     if version == "3":
-        root = roots.get(1.0) or _features(1.0, args.seed, args.data_dir, version)[0]
+        root = roots.get(1.0) or _features(1.0, args.seed, args.data_dir, version, scale)[0]
         table += ("\n\nCalibration figures (benchmarks/cohort_calibrate.py), site_effect 1, "
                   "training parts\n\n" + _calibration_table(root, args.seed))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 The paper's convergence analysis: each strategy trains for the same rounds (one local
 epoch each) on every (fold, seed) cell; the curves are the mean over the sites, and the
-table gives mean [95 % CI] over the cells. ``--bn-init data,default`` also runs each
+table gives mean [corrected 95 % CI] over the cells. ``--bn-init data,default`` also runs each
 strategy with BN running statistics starting at PyTorch's 0 and 1 (labelled "BN 0/1"),
 the before/after of where they start. The curves are on the validation splits, never
 the test splits, so that a number of rounds read off them is not chosen on test data.
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from _common import LABELS, Benchmark, Budget, curve, make_parser, markdown_table, strategy_config
-from _sweep import run_grid
+from _sweep import corrected, interval_caption, run_grid
 
 from fedbn_med.evaluation.report import convergence_plot
-from fedbn_med.evaluation.tables import format_interval
+from fedbn_med.evaluation.tables import format_stats
 from fedbn_med.spec import BN_INITS
 
 NAME = "convergence"
@@ -69,13 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["round", *[f"{label} loss" for label in per_cell],
               *[f"{label} acc (%)" for label in per_cell]]
     body = [[rnd,
-             *[format_interval([c[rnd - 1] for c in per_cell[lb]["train_loss"].values()],
-                               scale=1.0, digits=3)
+             *[format_stats(*corrected(c[rnd - 1] for c in per_cell[lb]["train_loss"].values()),
+                            scale=1.0, digits=3)
                for lb in per_cell],
-             *[format_interval([c[rnd - 1] for c in per_cell[lb]["val_accuracy"].values()])
+             *[format_stats(*corrected(c[rnd - 1] for c in per_cell[lb]["val_accuracy"].values()))
                for lb in per_cell]]
             for rnd in marks]
-    table = ("Mean over sites, mean [95 % CI] over (fold, seed) cells; loss = training "
+    table = (f"Mean over sites; {interval_caption(len(bench.cells))}; loss = training "
              "loss of the round, acc = validation accuracy (no test split is read)\n\n"
              + markdown_table(header, body))
     rows = [{"strategy": lb, "fold": fold, "seed": seed, "round": rnd,

@@ -23,12 +23,11 @@ from _common import (
     float_list,
     make_parser,
     markdown_table,
-    mean_std,
     prepare_all,
     strategy_config,
 )
 from _plots import line_plot
-from _sweep import gap, summary, sweep
+from _sweep import gap, half_width, interval_caption, summary, sweep
 from sklearn.model_selection import train_test_split
 
 from fedbn_med.evaluation.tables import format_stats
@@ -120,13 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     body = [[f"{100 * f:g}",
              "/".join(str(round(np.mean([n_train[f, fold, seed][s]
                                          for fold, seed in bench.cells]))) for s in sites),
-             *[format_stats(*summary(comparisons[f], s, ci="naive")) for s in STRATEGIES],
-             format_stats(*gap(comparisons[f], "fedbn", "singleset", ci="naive"), signed=True)]
+             *[format_stats(*summary(comparisons[f], s)) for s in STRATEGIES],
+             format_stats(*gap(comparisons[f], "fedbn", "singleset"), signed=True)]
             for f in fractions]
     table = ("Test balanced accuracy at the round with the lowest mean validation loss, "
-             "mean over sites, mean [95 % CI] over (fold, seed) cells (naive: cells share "
-             "subjects, see interval_design.py); the gap is paired by cell\n\n"
-             + markdown_table(header, body))
+             f"mean over sites; {interval_caption(len(bench.cells))}; the gap is paired "
+             "by cell\n\n" + markdown_table(header, body))
     rows = [{"fraction": f, "strategy": LABELS[s], "fold": fold, "seed": seed,
              "test_balanced_accuracy": round(v, 6),
              **{f"n_train_{site}": n_train[f, fold, seed][site] for site in sites}}
@@ -134,11 +132,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def plot(path: Path) -> Path:
         xs = [100 * f for f in fractions]
-        series = {LABELS[s]: (xs, [100 * mean_std(acc(s, f).values())[0] for f in fractions],
-                              [100 * mean_std(acc(s, f).values())[1] for f in fractions])
+        stats = {s: [summary(comparisons[f], s) for f in fractions] for s in STRATEGIES}
+        series = {LABELS[s]: (xs, [100 * m for m, _, _ in stats[s]],
+                              [half_width(st) for st in stats[s]])
                   for s in STRATEGIES}
         return line_plot(path, series, xlabel="share of local training data (%, log scale)",
-                         ylabel="test balanced accuracy (%)", xlog=True, hline=50.0,
+                         ylabel="test balanced accuracy (%), corrected 95 % CI", xlog=True,
+                         hline=50.0,
                          title=f"ABIDE, {bench.args.rounds} rounds")
 
     bench.publish(table, rows, plot,

@@ -2,8 +2,9 @@
 
 Local epochs E = 1 and E = 8 on ABIDE (more local work, more drift towards each site's
 own optimum), and the built-in MRI sites (segmentation, Dice). For each strategy: the
-final test score, mean (std) over runs (test folds; MRI: one run), and the rounds the
-mean-over-sites curve, smoothed by a trailing mean over 3 rounds, takes to reach a target.
+final test score, mean [corrected 95 % CI] over runs (test folds; MRI: one run, no
+interval), and the rounds the mean-over-sites curve, smoothed by a trailing mean over 3
+rounds, takes to reach a target.
 
     python benchmarks/drift.py [--quick] [--target-acc 0.6] [--target-dice 0.5] [--no-mri]
 """
@@ -17,19 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from _common import (
-    FEDPROX_MU,
-    Benchmark,
-    Budget,
-    curve,
-    format_mean_std,
-    make_parser,
-    markdown_table,
-    mean_std,
-    run,
-)
+from _common import FEDPROX_MU, Benchmark, Budget, curve, make_parser, markdown_table, run
 from _plots import Panel, line_panels
+from _sweep import corrected, interval_caption
 from rounds_to_target import rounds_to, smoothed
+
+from fedbn_med.evaluation.tables import format_stats
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
@@ -144,17 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for setting in settings:
             key = (setting.name, label)
             reach = _reach(curves[key], setting.target)
-            cells += [format_mean_std(finals[key]), reach]
-            mean, std = mean_std(finals[key])
+            mean, low, high = corrected(finals[key])
+            cells += [format_stats(mean, low, high), reach]
             rows.append({"method": label, "setting": setting.name, "final_mean": mean,
-                         "final_std": std, "runs": len(finals[key]),
+                         "final_low": low, "final_high": high, "runs": len(finals[key]),
                          "target": setting.target, "rounds_to_target": reach})
         body.append(cells)
     mri_rounds = bench.args.mri_rounds or min(bench.args.rounds, 20)
-    table = (f"Client drift: final test score, mean (std) over runs, and rounds to a target "
-             f"(mean over sites, trailing mean over {WINDOW} rounds); ABIDE "
-             f"{bench.args.rounds} rounds x {bench.args.folds} fold(s)"
-             + ("" if bench.args.no_mri else f", MRI {mri_rounds} rounds, 1 run")
+    abide_runs = len(bench.folds)
+    table = (f"Client drift: final test score and rounds to a target (mean over sites, "
+             f"trailing mean over {WINDOW} rounds); ABIDE {bench.args.rounds} rounds, "
+             f"{interval_caption(abide_runs, 'runs (test folds)')}"
+             + ("" if bench.args.no_mri else f"; MRI {mri_rounds} rounds, "
+                f"{interval_caption(1)}")
              + "\n\n" + markdown_table(header, body))
 
     def plot(path: Path) -> Path:

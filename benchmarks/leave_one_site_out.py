@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/leave_one_site_out.py            # 3 seeds x 5 folds, 30 rounds
     python benchmarks/leave_one_site_out.py --quick    # 1 seed x 1 fold, 10 rounds
+    python benchmarks/leave_one_site_out.py --quick --data-dir DIR   # sites from DIR
 
 Writes ``benchmarks/results/leave_one_site_out/{table.md,table.csv}`` and logs to the
 MLflow experiment ``abide-onboarding``.
@@ -60,10 +61,13 @@ def _scenarios(new_sites: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def run(rounds: int, seeds: Sequence[int], folds: Sequence[int], shots: int,
-        new_sites: Sequence[str]) -> tuple[dict[str, dict[str, list[dict[str, float]]]],
-                                           dict[str, str]]:
-    """Return ``{held_out: {method: [metrics per (seed, fold)]}}`` and the row labels."""
-    base = RunSpec(rounds=rounds, device="cpu")
+        new_sites: Sequence[str], data_dir: Path | None = None
+        ) -> tuple[dict[str, dict[str, list[dict[str, float]]]], dict[str, str]]:
+    """Return ``{held_out: {method: [metrics per (seed, fold)]}}`` and the row labels.
+
+    ``data_dir`` holds ``ABIDE_pcp/`` with every site; None: the built-in cohort.
+    """
+    base = RunSpec(rounds=rounds, device="cpu", data_dir=data_dir)
     configs = load_sites([*DEFAULT_SITES, *new_sites])
     train_data = {n: prepare_site_data(configs[n], base) for n in DEFAULT_SITES}
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
@@ -131,9 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shots", type=int, default=5, help="labeled cases per class (5)")
     parser.add_argument("--new-sites", default=None,
                         help="sites no federation has seen (PITT,YALE; --quick: PITT)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder holding ABIDE_pcp/ with the training and new sites "
+                             "(default: the built-in cohort)")
     parser.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
     parser.add_argument("--tracking-uri", default=None, help="MLflow store")
     args = parser.parse_args(argv)
+    if args.data_dir is not None and not (args.data_dir / "ABIDE_pcp").is_dir():
+        parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); "
+                     f"{args.data_dir} does not")
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     rounds = args.rounds or (10 if args.quick else 30)
@@ -141,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     folds = range(args.folds or (1 if args.quick else 5))
     new_sites = tuple(s for s in (args.new_sites or ("PITT" if args.quick else
                                                      ",".join(NEW_SITES))).split(",") if s)
-    results, labels = run(rounds, list(seeds), list(folds), args.shots, new_sites)
+    results, labels = run(rounds, list(seeds), list(folds), args.shots, new_sites,
+                          args.data_dir)
     header = (f"# Leave-one-site-out onboarding{' (quick)' if args.quick else ''}\n\n"
               f"{rounds} rounds, {len(seeds)} seed(s) x {len(folds)} fold(s) of the held-out "
               f"site, {args.shots} labeled cases per class; mean [95 % CI] in % over runs.\n")

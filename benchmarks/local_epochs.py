@@ -22,11 +22,10 @@ from _common import (
     float_list,
     make_parser,
     markdown_table,
-    mean_std,
     strategy_config,
 )
 from _plots import line_plot
-from _sweep import gap, summary, sweep
+from _sweep import gap, half_width, interval_caption, summary, sweep
 
 from fedbn_med.evaluation.tables import format_stats
 
@@ -73,24 +72,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     header = ["E", "rounds", *[f"{LABELS[s]} (%)" for s in STRATEGIES], "FedBN - FedAvg (pp)"]
     body = [[e, max(1, budget // e),
-             *[format_stats(*summary(comparisons[e], s, ci="naive")) for s in STRATEGIES],
-             format_stats(*gap(comparisons[e], "fedbn", "fedavg", ci="naive"), signed=True)]
+             *[format_stats(*summary(comparisons[e], s)) for s in STRATEGIES],
+             format_stats(*gap(comparisons[e], "fedbn", "fedavg"), signed=True)]
             for e in epochs]
     table = (f"Test balanced accuracy at the round with the lowest mean validation loss, "
-             f"mean over sites, mean [95 % CI] over (fold, seed) cells (naive: cells share "
-             f"subjects, see interval_design.py); the gap is paired by cell; {budget} local "
-             "epochs in total\n\n" + markdown_table(header, body))
+             f"mean over sites; {interval_caption(len(bench.cells))}; the gap is paired by "
+             f"cell; {budget} local epochs in total\n\n" + markdown_table(header, body))
     rows = [{"local_epochs": e, "rounds": max(1, budget // e), "strategy": LABELS[s],
              "fold": fold, "seed": seed, "test_balanced_accuracy": round(value, 6)}
             for s in STRATEGIES for e in epochs for (fold, seed), value in acc(s, e).items()]
 
     def plot(path: Path) -> Path:
-        series = {LABELS[s]: (list(epochs),
-                              [100 * mean_std(acc(s, e).values())[0] for e in epochs],
-                              [100 * mean_std(acc(s, e).values())[1] for e in epochs])
+        stats = {s: [summary(comparisons[e], s) for e in epochs] for s in STRATEGIES}
+        series = {LABELS[s]: (list(epochs), [100 * m for m, _, _ in stats[s]],
+                              [half_width(st) for st in stats[s]])
                   for s in STRATEGIES}
         return line_plot(path, series, xlabel="local epochs E (log scale)", xlog=True,
-                         ylabel="test balanced accuracy (%)",
+                         ylabel="test balanced accuracy (%), corrected 95 % CI",
                          title=f"ABIDE, {budget} local epochs in total")
 
     bench.publish(table, rows, plot, notes="FedProx mu = 0.01.")

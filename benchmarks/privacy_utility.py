@@ -5,9 +5,9 @@ exactly it over ``--rounds`` rounds is found with Opacus's RDP accountant (sampl
 1: every site releases an update every round); every site clips its update to ``--clip``
 and adds N(0, (sigma C)^2) per coordinate (:mod:`fedbn_med.fl.privacy`). Accuracy is on each
 site's test split at the run's selected round (the lowest mean validation loss over the
-sites, :meth:`fedbn_med.training.inprocess.History.best_round`), mean (std) over runs (test folds);
-``inf`` is the run without DP. The epsilon each site reports is the whole run's (its last
-round's), and is checked against the target.
+sites, :meth:`fedbn_med.training.inprocess.History.best_round`), mean [corrected 95 % CI]
+over the (fold, seed) cells; ``inf`` is the run without DP. The epsilon each site
+reports is the whole run's (its last round's), and is checked against the target.
 
     python benchmarks/privacy_utility.py [--quick] [--epsilons inf,8,4,1] [--clip 0.1]
 """
@@ -18,24 +18,20 @@ import argparse
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from _common import (
-    LABELS,
-    Benchmark,
-    Budget,
-    format_mean_std,
-    make_parser,
-    markdown_table,
-    mean_std,
-    run,
-    selected,
-)
+from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, selected
 from _plots import Panel, line_panels
+from _sweep import corrected, half_width, interval_caption, run_grid
+
+from fedbn_med.evaluation.tables import format_stats
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
 
 NAME = "privacy_utility"
 STRATEGIES = ("fedbn", "fedavg")
 EPSILONS = (math.inf, 8.0, 4.0, 1.0)
-SITES = ("NYU", "USM", "UM", "UCLA")
 
 
 def _epsilons(text: str) -> tuple[float, ...]:
@@ -74,37 +70,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     rounds, delta, clip = bench.args.rounds, bench.args.delta, bench.args.clip
     sigma = {eps: 0.0 if math.isinf(eps) else noise_for_epsilon(eps, delta, rounds)
              for eps in bench.args.epsilons}
-    # acc[strategy][eps][site or "mean"] = one value per fold; spent[...] = max epsilon
-    acc = {s: {e: {k: [] for k in (*SITES, "mean")} for e in sigma} for s in STRATEGIES}
+    sites = bench.config().sites
+    # acc[strategy][eps][site or "mean"][(fold, seed)]; spent[...] = max epsilon reported
+    acc: dict[str, dict[float, dict[str, dict[tuple[int, int], float]]]] = {
+        s: {e: {k: {} for k in (*sites, "mean")} for e in sigma} for s in STRATEGIES}
     spent: dict[tuple[str, float], float] = {}
-    grid = [(s, e, f) for s in STRATEGIES for e in sigma for f in bench.folds]
-    for strategy, eps, fold in bench.progress(grid):
+
+    def spec(eps: float, strategy: str, fold: int, seed: int) -> RunSpec:
         dp = {} if math.isinf(eps) else {"dp_clip": clip, "dp_noise": sigma[eps],
                                          "dp_delta": delta}
-        history = run(bench.config(strategy=strategy, fold=fold, **dp))
+        return bench.config(strategy=strategy, fold=fold, seed=seed, **dp)
+
+    for eps, strategy, fold, seed, history in run_grid(bench, tuple(sigma), STRATEGIES, spec):
         final = history.selected()  # DP figures in it are the whole run's
-        for site in SITES:
-            acc[strategy][eps][site].append(float(final[site]["test_accuracy"]))
-        acc[strategy][eps]["mean"].append(selected(history, "test_accuracy"))
+        for site in sites:
+            acc[strategy][eps][site][fold, seed] = float(final[site]["test_accuracy"])
+        acc[strategy][eps]["mean"][fold, seed] = selected(history, "test_accuracy")
         reported = [float(m.get("dp_epsilon", math.inf)) for m in final.values()]
         spent[strategy, eps] = max(spent.get((strategy, eps), 0.0), max(reported))
 
-    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)", *SITES, "mean"]
+    def stats(strategy: str, eps: float, key: str = "mean") -> tuple[float, float, float]:
+        return corrected(acc[strategy][eps][key].values())
+
+    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)", *sites, "mean"]
     body, rows = [], []
     for strategy in STRATEGIES:
         for eps in sigma:
-            cells = [format_mean_std(acc[strategy][eps][k]) for k in (*SITES, "mean")]
+            cells = [format_stats(*stats(strategy, eps, k)) for k in (*sites, "mean")]
             used = spent[strategy, eps]
             body.append([LABELS[strategy], _eps_label(eps), f"{sigma[eps]:.3g}",
                          "inf" if math.isinf(used) else f"{used:.2f}", *cells])
-            mean, std = mean_std(acc[strategy][eps]["mean"])
             rows.append({"method": LABELS[strategy], "target_epsilon": eps,
                          "sigma": sigma[eps], "clip": clip, "delta": delta,
-                         "epsilon_spent": used, "accuracy_mean": mean, "accuracy_std": std,
-                         **{f"accuracy_{s}": mean_std(acc[strategy][eps][s])[0]
-                            for s in SITES}})
+                         "epsilon_spent": used, "cells": len(bench.cells),
+                         **{f"accuracy_{k}_{part}": value
+                            for k in ("mean", *sites)
+                            for part, value in zip(("mean", "low", "high"),
+                                                   stats(strategy, eps, k))}})
     table = (f"Test accuracy (%) under client-level DP at the selected round (lowest mean "
-             f"validation loss), mean (std) over {bench.args.folds} run(s); {rounds} rounds, "
+             f"validation loss), {interval_caption(len(bench.cells))}; {rounds} rounds, "
              f"clip C = {clip:g}, delta = {delta:g}, sampling rate 1\n\n"
              + markdown_table(header, body))
 
@@ -112,12 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         finite = [e for e in sigma if not math.isinf(e)]
         series = {}
         for strategy in STRATEGIES:
-            stats = [mean_std(acc[strategy][e]["mean"]) for e in finite]
-            series[LABELS[strategy]] = (finite, [100 * m for m, _ in stats],
-                                        [100 * s for _, s in stats])
-        base = [mean_std(acc["fedbn"][e]["mean"])[0] for e in sigma if math.isinf(e)]
-        panel = Panel(series, "epsilon (log scale)", "mean test accuracy (%)", xlog=True,
-                      hline=100 * base[0] if base else None)
+            points = [stats(strategy, e) for e in finite]
+            series[LABELS[strategy]] = (finite, [100 * m for m, _, _ in points],
+                                        [half_width(p) for p in points])
+        base = [stats("fedbn", e)[0] for e in sigma if math.isinf(e)]
+        panel = Panel(series, "epsilon (log scale)", "mean test accuracy (%), corrected 95 % CI",
+                      xlog=True, hline=100 * base[0] if base else None)
         return line_panels(path, [panel], title=f"ABIDE, client-level DP, delta {delta:g} "
                                                 "(dashed: FedBN without DP)")
 

@@ -11,7 +11,12 @@ A file that raises anything but ``ImageReadError`` is counted as ``crashed``: th
 must read or refuse, never fail otherwise. A refusal whose message spans lines counts as
 ``crashed`` too.
 
-    python benchmarks/reader_coverage.py [--only pydicom|pydicom-data|nibabel] [--out DIR]
+With ``--quick`` only the first three files of each source (sorted by path) and the
+first three series of each DICOMDIR are tried: a check that the walk and the reader work, in
+seconds, not the coverage figure.
+
+    python benchmarks/reader_coverage.py [--quick] [--only pydicom|pydicom-data|nibabel]
+                                         [--out DIR]
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reader_coverage"
 _PIXEL_TAGS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+#: --quick: files per source (a DICOMDIR source counts apart) and series per DICOMDIR.
+QUICK = 3
 
 
 def _dicom_with_pixels(path: Path) -> bool | None:
@@ -64,31 +71,50 @@ def _nibabel_image(path: Path) -> bool:
     return hasattr(image, "dataobj") and len(image.shape) > 0
 
 
-def collect() -> list[tuple[str, Path]]:
-    """Return (source, path) for every shipped image file with pixel data, and DICOMDIRs."""
+def collect(per_source: int | None = None) -> list[tuple[str, Path]]:
+    """Return (source, path) for every shipped image file with pixel data, and DICOMDIRs.
+
+    Parameters
+    ----------
+    per_source : int, optional
+        Keep only the first files of each source (``pydicom DICOMDIR`` is a source of
+        its own), in path order; None keeps every file.
+    """
     import nibabel
     from pydicom.data import get_testdata_files
 
     out: list[tuple[str, Path]] = []
+    found: Counter[str] = Counter()
+
+    def full(source: str) -> bool:
+        return per_source is not None and found[source] >= per_source
+
+    def keep(source: str, path: Path) -> None:
+        out.append((source, path))
+        found[source] += 1
+
     for name in sorted(get_testdata_files()):
         path = Path(name)
-        if not path.is_file():
-            continue
         source = "pydicom-data" if "data_store" in path.parts else "pydicom"
+        if not path.is_file() or (full(source) and full(f"{source} DICOMDIR")):
+            continue
         if _is_dicomdir(path):
-            out.append((f"{source} DICOMDIR", path))
-        elif _dicom_with_pixels(path):
-            out.append((source, path))
+            if not full(f"{source} DICOMDIR"):
+                keep(f"{source} DICOMDIR", path)
+        elif not full(source) and _dicom_with_pixels(path):
+            keep(source, path)
     root = Path(nibabel.__file__).parent
     for folder in (root / "tests" / "data", root / "nicom" / "tests" / "data"):
         for path in sorted(folder.iterdir()):
+            if full("nibabel"):
+                break
             if not path.is_file() or path.suffix in (".py", ".m", ".rst", ".pyc"):
                 continue
             if path.suffix.lower() == ".dcm" or _dicom_with_pixels(path):
                 if _dicom_with_pixels(path):
-                    out.append(("nibabel", path))
+                    keep("nibabel", path)
             elif _nibabel_image(path):
-                out.append(("nibabel", path))
+                keep("nibabel", path)
     return out
 
 
@@ -151,6 +177,8 @@ def try_series(path: Path, uid: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> None:
     """Walk the files, try the reader, print the table and the counts."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help=f"the first {QUICK} files of each source and series of each DICOMDIR")
     p.add_argument("--only", choices=("pydicom", "pydicom-data", "nibabel"),
                    help="one source only")
     p.add_argument("--out", default=str(RESULTS),
@@ -158,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    files = [(s, f) for s, f in collect() if args.only is None or s.split()[0] == args.only]
+    limit = QUICK if args.quick else None
+    files = [(s, f) for s, f in collect(limit)
+             if args.only is None or s.split()[0] == args.only]
     rows = []
     start = time.perf_counter()
     for source, path in files:
@@ -166,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append((source, _label(path), outcome, detail))
         if source.endswith("DICOMDIR"):
             rows.extend((f"{source} series", f"{_label(path)} -> {uid[-12:]} ({n} files)",
-                         *try_series(path, uid)) for uid, n in _series_of(path))
+                         *try_series(path, uid)) for uid, n in _series_of(path)[:limit])
     counts = Counter(r[2] for r in rows)
     lines = ["| source | file | outcome | shape or reason |", "|---|---|---|---|"]
     lines += [f"| {s} | {f} | {o} | {d.replace('|', '/')} |" for s, f, o, d in rows]

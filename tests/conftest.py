@@ -65,6 +65,56 @@ def benchmark_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     return importlib.import_module
 
 
+#: The MLflow experiment of the benchmark scripts (``benchmarks/_common.py``).
+BENCH_EXPERIMENT = "abide-benchmarks"
+#: Sites (ABIDE SITE_IDs) and subjects of :func:`abide_release`: the paper's four and the
+#: two shared real sites the real-data benchmarks take first (PITT, YALE).
+RELEASE_SITES = {"NYU": 16, "UM_1": 16, "USM": 16, "UCLA_1": 16, "PITT": 16, "YALE": 16}
+
+
+@pytest.fixture(scope="session")
+def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return the data folder shared by every benchmark test (the cohort lands there)."""
+    return tmp_path_factory.mktemp("bench_data")
+
+
+@pytest.fixture()
+def bench(monkeypatch: pytest.MonkeyPatch, bench_data: Path) -> Callable[[str], ModuleType]:
+    """Return a loader of benchmark modules, with the session's data folder in the env."""
+    monkeypatch.setenv("FEDBN_MED_DATA", str(bench_data))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module
+
+
+@pytest.fixture(scope="session")
+def store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Return a sqlite store for the session; its experiment keeps artifacts beside it.
+
+    One store for all tests (each script logs one run, found by its tag): creating a
+    sqlite store runs MLflow's migrations, which takes seconds.
+    """
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment(
+        BENCH_EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
+    return uri
+
+
+@pytest.fixture(scope="session")
+def abide_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a tiny release in the real ABIDE Preprocessed layout (read-only use).
+
+    :func:`tests.test_determinism.write_release` writes it for :data:`RELEASE_SITES`, 16
+    subjects each: pass it as ``--data-dir`` to a benchmark that reads real data.
+    """
+    from tests.test_determinism import write_release
+
+    return write_release(tmp_path_factory.mktemp("abide_release"), RELEASE_SITES, seed=2)
+
+
 @pytest.fixture()
 def patched_flower(monkeypatch):
     # The server builds its messages as a ServerApp does: Flower wants its run identity.

@@ -3,17 +3,17 @@
 Every script runs in this process through its ``main(argv)`` with ``--out tmp_path``, a
 real MLflow sqlite store in a temporary folder and ``$FEDBN_MED_DATA`` pointing at one folder
 per session, so the built-in cohort is generated once (once more at site effect 0 for
-the heterogeneity benchmark).
+the heterogeneity benchmark); the ``bench``, ``bench_data`` and ``store`` fixtures are
+conftest's, shared with tests/test_benchmark_quick.py.
 """
 
 from __future__ import annotations
 
 import csv
-import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -43,38 +43,8 @@ EXPECTED = {
                         ["FedBN"] * 4 + ["FedAvg"] * 4),
 }
 
-
-@pytest.fixture(scope="session")
-def bench_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Return the data folder shared by every benchmark test (the cohort lands there)."""
-    return tmp_path_factory.mktemp("bench_data")
-
-
-@pytest.fixture()
-def bench(monkeypatch: pytest.MonkeyPatch, bench_data: Path):
-    """Return a loader of benchmark modules, with the session's data folder in the env."""
-    monkeypatch.setenv("FEDBN_MED_DATA", str(bench_data))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.syspath_prepend(str(BENCH_DIR))
-
-    def load(name: str) -> ModuleType:
-        return importlib.import_module(name)
-
-    return load
-
-
-@pytest.fixture(scope="session")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Return a sqlite store for the session; its experiment keeps artifacts beside it.
-
-    One store for all tests (each script logs one run, found by its tag): creating a
-    sqlite store runs MLflow's migrations, which takes seconds.
-    """
-    root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    MlflowClient(tracking_uri=uri).create_experiment(
-        EXPERIMENT, artifact_location=(root / "artifacts").as_uri())
-    return uri
+#: The scripts whose tables give mean [corrected 95 % CI] over the cells (_sweep).
+CORRECTED = ("convergence", "local_epochs", "data_size", "heterogeneity", "privacy_utility")
 
 
 def _markdown_table(text: str) -> tuple[list[str], list[list[str]]]:
@@ -103,6 +73,8 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     printed = capsys.readouterr().out
     assert "| " + " | ".join(header) + " |" in printed
     assert "s wall time" in printed
+    if name in CORRECTED:  # one cell: the one convention's words for no interval
+        assert "1 run, no interval" in printed or "corrected 95 % CI" in printed
 
     client = MlflowClient(tracking_uri=store)
     exp = client.get_experiment_by_name(EXPERIMENT)
@@ -116,6 +88,30 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     assert run.data.params["quick"] == "True"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"table.md", "table.csv", "plot.png"} <= artifacts
+
+
+def test_sweep_table_shows_the_corrected_interval_of_its_cells(bench, store, tmp_path):
+    from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
+
+    out = tmp_path / "out"  # two cells, the fewest that have an interval
+    assert bench("local_epochs").main(["--quick", "--epochs", "1", "--seeds", "2", "--out",
+                                       str(out), "--tracking-uri", store]) == 0
+    text = (out / "table.md").read_text()
+    assert "mean [corrected 95 % CI] over 2 (fold, seed) cells" in text
+    header, body = _markdown_table(text)
+    with open(out / "table.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    widths = []
+    for label in ("FedBN", "FedAvg", "FedProx"):
+        cells = [float(r["test_balanced_accuracy"]) for r in rows if r["strategy"] == label]
+        assert len(cells) == 2
+        mean, low, high = (float(v) for v in re.findall(
+            r"-?\d+\.\d", body[0][header.index(f"{label} (%)")]))
+        corrected = corrected_t_interval(cells, 0.25)  # n_test/n_train = 1/4 for 5 folds
+        assert [mean, low, high] == pytest.approx([100 * v for v in corrected], abs=0.06)
+        naive = naive_t_interval(cells)  # narrower by sqrt(0.5 / 0.75) when cells differ
+        widths.append((high - low, 100 * (naive[2] - naive[1])))
+    assert any(ours - theirs > 0.5 for ours, theirs in widths), widths
 
 
 @pytest.mark.parametrize(("name", "argv", "message"), [

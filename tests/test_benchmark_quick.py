@@ -1,0 +1,242 @@
+"""The ``--quick`` run of every benchmark that tests/test_benchmarks.py does not run.
+
+Each script runs in this process through its ``main(argv)`` (the throughput scripts start
+their own measuring processes, federation_overhead a real Flower federation on
+127.0.0.1), on the tiny real-layout release of conftest's ``abide_release`` wherever it
+reads real data, and on built-in data in the session's ``bench_data`` folder otherwise
+(conftest's ``bench``). Each test asserts on what the script printed or wrote.
+
+Where the other ``--quick`` runs are: paper_table, convergence, local_epochs, data_size,
+heterogeneity, rounds_to_target and privacy_utility in tests/test_benchmarks.py;
+defaults_sweep in tests/test_defaults_sweep.py; real_compare in tests/test_real_compare.py
+and tests/test_readme_tables.py. readme_tables only checks the README (no figures, no
+``--quick``): tests/test_readme_tables.py runs it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import psutil
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import BENCH_EXPERIMENT
+
+Loader = Callable[[str], ModuleType]
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads() -> Iterator[None]:
+    # leave_one_site_out and federation_overhead set one thread for the whole process
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Return every markdown table of ``text``: its header and its body rows."""
+    found, block = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif block:
+            found.append((block[0], block[2:]))
+            block = []
+    return found
+
+
+def _numbers(cell: str) -> list[float]:
+    """Return the numbers of a cell such as ``60.0 / 53.3 / 59.0`` (all finite)."""
+    values = [float(v) for v in NUMBER.findall(cell)]
+    assert values and all(math.isfinite(v) for v in values), cell
+    return values
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _benchmark_run(store: str, name: str) -> None:
+    client = MlflowClient(tracking_uri=store)
+    exp = client.get_experiment_by_name(BENCH_EXPERIMENT)
+    assert exp is not None
+    (run,) = client.search_runs([exp.experiment_id], f"tags.benchmark = '{name}'")
+    assert run.info.status == "FINISHED" and run.data.tags["mode"] == "quick"
+
+
+def test_cohort_check(bench: Loader, bench_data: Path, tmp_path: Path, capsys) -> None:
+    assert bench("cohort_check").main(["--quick", "--data-dir", str(bench_data),
+                                       "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "0.5 x the subjects" in printed
+    (header, body), (_, identified), *calibration = _tables(printed)
+    assert header == ["site effect", "site", "subjects", "gain", "offset (z)", "oracle AUC",
+                      "logreg acc (%)"]
+    assert [(r[0], r[1]) for r in body] == [("1", s) for s in ("NYU", "UM", "USM", "UCLA")]
+    for row in body:
+        assert int(row[2]) > 10 and 0 <= _numbers(row[5])[0] <= 1
+        assert 0 <= _numbers(row[6])[0] <= 100
+    assert len(identified) == 1 and 25 <= _numbers(identified[0][1])[0] <= 100
+    for figure, *values in calibration[0][1] if calibration else []:
+        assert all(_numbers(v) for v in values), figure
+    assert (tmp_path / "table.md").read_text(encoding="utf-8").strip() in printed
+
+
+def test_cohort_calibrate(bench: Loader, abide_release: Path, tmp_path: Path,
+                          capsys) -> None:
+    assert bench("cohort_calibrate").main(["--quick", "--data-dir", str(abide_release),
+                                           "--out", str(tmp_path)]) == 0
+    assert "Calibration figures, 2 sites, train part" in capsys.readouterr().out
+    rows = _csv(tmp_path / "sites.csv")
+    assert [r["site"] for r in rows] == ["PITT", "YALE"]
+    assert all(10 <= int(r["n"]) < 16 for r in rows)  # the training part only
+    summary = json.loads((tmp_path / "summary.json").read_text())["summary"]
+    assert summary["sites"] == ["PITT", "YALE"] and summary["n_sites"] == 2
+    assert summary["n_subjects"] == sum(int(r["n"]) for r in rows)
+    figures = [v for v in summary.values() if isinstance(v, float)]
+    assert len(figures) > 5 and sum(map(math.isfinite, figures)) > len(figures) / 2
+
+
+def test_reader_coverage(bench: Loader, tmp_path: Path, capsys) -> None:
+    bench("reader_coverage").main(["--quick", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    rows = _csv(tmp_path / "table.csv")
+    sources = [r["source"] for r in rows]
+    assert {"pydicom", "nibabel", "pydicom DICOMDIR"} <= set(sources)
+    assert all(sources.count(s) <= 3 for s in set(sources) - {"pydicom DICOMDIR series"})
+    assert {r["outcome"] for r in rows} <= {"read", "refused"}  # never crashed
+    assert any(re.fullmatch(r"\d+(x\d+)+", r["detail"]) for r in rows if r["outcome"] == "read")
+    assert f"{len(rows)} files: " in printed and " 0 crashed" in printed
+
+
+def test_default_run(bench: Loader, abide_release: Path, capsys) -> None:
+    assert bench("default_run").main(["--quick", "--data-dir", str(abide_release),
+                                      "--sites", "PITT,YALE"]) == 0
+    printed = capsys.readouterr().out
+    assert f"5 rounds, seed 0, real ABIDE ({abide_release})" in printed
+    (header, body), (site_header, sites) = _tables(printed)
+    assert header[:4] == ["fold", "selected round", "PITT acc / bal. acc / AUC (%)",
+                          "YALE acc / bal. acc / AUC (%)"]
+    (row,) = body
+    assert row[0] == "0" and re.fullmatch(r"[1-5] of 5", row[1])
+    for cell in row[2:8]:
+        assert all(0 <= v <= 100 for v in _numbers(cell))
+    assert site_header[0] == "site" and [r[0] for r in sites] == ["PITT", "YALE", "mean"]
+
+
+def test_leave_one_site_out(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
+                            capsys) -> None:
+    assert bench("leave_one_site_out").main(
+        ["--quick", "--rounds", "2", "--data-dir", str(abide_release), "--out",
+         str(tmp_path), "--tracking-uri", store]) == 0
+    assert "# Leave-one-site-out onboarding (quick)" in capsys.readouterr().out
+    rows = _csv(tmp_path / "table.csv")
+    assert {r["held_out"] for r in rows} == {"NYU", "UM", "USM", "UCLA", "PITT"}
+    assert {r["metric"] for r in rows} == {"accuracy", "auc"}
+    accuracy = [float(r["mean"]) for r in rows if r["metric"] == "accuracy"]
+    assert accuracy and all(0 <= a <= 1 for a in accuracy)
+    header, _ = _tables((tmp_path / "table.md").read_text(encoding="utf-8"))[0]
+    assert {"NYU", "PITT"} <= set(header)
+
+
+def test_drift(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
+               capsys) -> None:
+    out = tmp_path / "out"
+    assert bench("drift").main(["--quick", "--rounds", "2", "--data-dir", str(abide_release),
+                                "--out", str(out), "--tracking-uri", store]) == 0
+    (header, body), = _tables((out / "table.md").read_text(encoding="utf-8"))
+    assert header == ["method", "ABIDE E=1 acc (%)", "ABIDE E=1 rounds to 60",
+                      "ABIDE E=8 acc (%)", "ABIDE E=8 rounds to 60", "MRI Dice (%)",
+                      "MRI rounds to 50"]
+    assert [r[0] for r in body] == ["FedAvg", "FedProx", "SCAFFOLD", "FedBN",
+                                    "FedBN+FedProx", "FedBN+SCAFFOLD"]
+    for row in body:
+        assert all(0 <= _numbers(c)[0] <= 100 for c in row[1::2])
+    rows = _csv(out / "table.csv")
+    assert len(rows) == 18 and {r["setting"] for r in rows} == {"ABIDE E=1", "ABIDE E=8",
+                                                                 "MRI"}
+    assert "| " + " | ".join(header) + " |" in capsys.readouterr().out
+    _benchmark_run(store, "drift")
+
+
+def test_interval_design(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
+                         capsys) -> None:
+    out = tmp_path / "out"
+    assert bench("interval_design").main(
+        ["--quick", "--data-dir", str(abide_release), "--sites", "PITT,YALE",
+         "--out", str(out), "--tracking-uri", store]) == 0
+    printed = capsys.readouterr().out
+    (header, body), (_, projected) = _tables(printed)
+    assert header[:4] == ["design", "metric", "cells", "FedBN - FedAvg (pp)"]
+    assert [(r[0], r[1]) for r in body] == [
+        (d, m) for d in ("fixed splits", "re-split") for m in ("balanced_accuracy", "auc")]
+    assert all(r[2] == "4" and -100 <= _numbers(r[3])[0] <= 100 for r in body)
+    assert len(projected) == 8 and "First design reaching 3 pp: " in printed
+    assert len(_csv(out / "table.csv")) == 6
+    _benchmark_run(store, "interval_design")
+
+
+def test_paper_pipeline(bench: Loader, abide_release: Path, tmp_path: Path, capsys) -> None:
+    module = bench("paper_pipeline")
+    cells = tmp_path / "cells.csv"
+    assert module.main(["--quick", "--data-dir", str(abide_release), "--window-step", "24",
+                        "--out", str(cells)]) == 0
+    printed = capsys.readouterr().out
+    (header, body), = _tables(printed)
+    assert header[:3] == ["pipeline", "strategy", "folds"]
+    assert [(r[0], r[1], r[2]) for r in body] == [
+        (p, s, "1") for p in ("default", "paper") for s in ("fedavg", "fedbn")]
+    assert all(0 <= _numbers(c)[0] <= 100 for r in body for c in (r[3], r[4], r[6]))
+    assert "sites PITT,YALE; 2 rounds; 1 folds" in printed
+    rows = _csv(cells)
+    assert len(rows) == 4 and all(1 <= int(r["val_round"]) <= 2 for r in rows)
+    assert module.main(["--from-csv", str(cells)]) == 0  # the cells give the same table
+    assert capsys.readouterr().out.strip() == printed.split("\n\n")[0].strip()
+
+
+def test_scan_throughput(bench: Loader, tmp_path: Path, capsys) -> None:
+    assert bench("scan_throughput").main(["--quick", "--out", str(tmp_path)]) == 0
+    (header, body), = _tables(capsys.readouterr().out)
+    assert header[:4] == ["cleaning", "subjects", "seconds", "subjects/s"]
+    assert [(r[0], r[1]) for r in body] == [("on", "8"), ("off", "8")]
+    assert all(_numbers(r[3])[0] > 0 for r in body)
+    assert [r["cleaning"] for r in _csv(tmp_path / "table.csv")] == ["on", "off"]
+
+
+def test_imaging_throughput(bench: Loader, tmp_path: Path, capsys) -> None:
+    bench("imaging_throughput").main(["--quick", "--device", "cpu", "--data-dir",
+                                      str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["task", "cache", "device"]
+    rows = [ln.split() for ln in lines[1:4]]
+    assert [r[:3] for r in rows] == [["mri", c, "cpu"] for c in ("memory", "disk", "none")]
+    for row in rows:
+        assert int(row[5]) > 0 and float(row[6]) > 0  # items, items per second
+    assert "mri 3D patches per timed epoch x 1 epoch(s)" in lines[-1]
+
+
+@pytest.mark.integration
+def test_federation_overhead(bench: Loader, capsys) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    bench("federation_overhead").main(["--quick", "--mri-only"])
+    printed = capsys.readouterr().out
+    found = re.search(r"\(c\) MRI, 1 rounds of \d+ local epochs, ([\d.]+) s of compute per "
+                      r"round at the slowest site: federated ([\d.]+) s vs in-process "
+                      r"([\d.]+) s = ([\d.]+)x .*; start-up ([\d.]+) s", printed)
+    assert found, printed
+    compute, federated, inprocess, ratio, startup = map(float, found.groups())
+    assert 0 < compute <= inprocess and federated > 0 and ratio > 0 and startup > 0
+    # every process the federation started is gone, children included
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid not in before:
+            assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
