@@ -40,6 +40,9 @@ def federation(small_cohort, tmp_path_factory):
     (``fed.wiretap``), so the privacy test can read what crossed the wire.
     """
     workdir = tmp_path_factory.mktemp("federation")
+    # A test worker may hold processes of its own from earlier test files (such as
+    # multiprocessing's resource tracker); only those started from here on must go.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     with LocalFederation(workdir) as fed:
         fed.start_superlink()
         fed.wiretap = Wiretap(fed.port)
@@ -50,7 +53,8 @@ def federation(small_cohort, tmp_path_factory):
         yield fed
         fed.wiretap.close()
     # every process the federation started is gone, children included
-    for proc in psutil.Process().children(recursive=True):
+    started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for proc in started:
         assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
 
 
