@@ -76,17 +76,21 @@ def _commit() -> str:
 
 def _command(name: str, argv: Sequence[str]) -> str:
     """Return the command line, with the local data folder shown as DATA_DIR."""
-    shown, skip = [], False
+    shown: list[str] = []
+    skip: str | None = None  # what replaces the value of the option just seen
     for arg in argv:
-        if skip:
-            shown.append("DATA_DIR")
-            skip = False
-        elif arg == "--data-dir":
+        if skip is not None:
+            if skip:
+                shown.append(skip)
+            skip = None
+        elif arg in ("--data-dir", "--real-dir"):
             shown.append(arg)
-            skip = True
-        elif arg.startswith("--data-dir="):
-            shown.append("--data-dir=DATA_DIR")
-        elif arg in ("--publish",) or arg.startswith("--out"):
+            skip = "DATA_DIR"
+        elif arg.startswith(("--data-dir=", "--real-dir=")):
+            shown.append(f"{arg.split('=')[0]}=DATA_DIR")
+        elif arg == "--out":  # a local output folder: left out with its value
+            skip = ""
+        elif arg == "--publish" or arg.startswith("--out="):
             continue
         else:
             shown.append(arg)
@@ -207,9 +211,10 @@ def check_hashes(key: str) -> list[str]:
     return problems
 
 
-_TITLE = re.compile(r"^Test (?P<metric>balanced accuracy|AUC|accuracy) at the "
-                    r"(?P<at>best-validation|last) round:$")
-_METRICS = {"balanced accuracy": "balanced_accuracy", "AUC": "auc", "accuracy": "accuracy"}
+_TITLE = re.compile(r"^Test (?P<metric>balanced accuracy|AUC|accuracy|dice(_csf|_gm|_wm)?) "
+                    r"at the (?P<at>best-validation|last) round:$")
+_METRICS = {"balanced accuracy": "balanced_accuracy", "AUC": "auc", "accuracy": "accuracy",
+            **{d: d for d in ("dice", "dice_csf", "dice_gm", "dice_wm")}}  # MRI
 
 
 def _tables(report: str) -> list[tuple[str, list[str], list[list[str]]]]:

@@ -15,13 +15,19 @@ a warm-up (it also imports the optimiser), then ``--epochs`` epochs are timed. M
 precision is used on CUDA.
 
     OMP_NUM_THREADS=1 python benchmarks/imaging_throughput.py [--quick] [--task mri]
-        [--device cuda]
+        [--device cuda] [--publish]
+
+``--publish`` also writes the figures as a table into ``benchmarks/published/`` (key
+``imaging_throughput``, or ``imaging_throughput-<task>`` for ``--task xray|both``) with the
+machine's load during the run, and rewrites the README block.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
+import os
 import resource
 import sys
 import tempfile
@@ -36,6 +42,8 @@ SIZES = {  # task: (realistic settings, quick settings); the rest are the task's
 SITE = {"mri": "SiteA", "xray": "HospitalA"}
 CACHES = {"mri": ("memory", "disk", "none"), "xray": ("memory", "none")}
 UNIT = {"mri": "3D patches", "xray": "radiographs"}
+CACHE_LABEL = {"memory": "memory (`CacheDataset`)", "disk": "disk (`PersistentDataset`)",
+               "none": "none"}
 
 
 def _cache_settings(cache: str, folder: str) -> dict[str, object]:
@@ -108,7 +116,51 @@ def _result(queue: mp.Queue, proc: mp.process.BaseProcess) -> dict[str, object]:
                                    "and no result; its error is printed above.") from None
 
 
-def main(argv: list[str] | None = None) -> None:
+def _report(results: list[dict[str, object]]) -> str:
+    """Return the published table: one row per configuration."""
+    from fedbn_med.evaluation.tables import markdown_table
+
+    gpu = any(math.isfinite(float(r["gpu_peak_mib"])) for r in results)  # type: ignore[arg-type]
+    header = ["task", "cache", "device", "amp", "input", "items", "items/s", "setup s",
+              "warm-up epoch s", "peak RSS MiB", *(["GPU peak MiB"] if gpu else [])]
+    body = [[r["task"], CACHE_LABEL[str(r["cache"])], r["device"], r["amp"], r["shape"],
+             r["items"], f"{r['per_s']:.2f}", f"{r['setup_s']:.1f}", f"{r['warmup_s']:.1f}",
+             f"{r['peak_rss_mib']:.0f}", *([f"{r['gpu_peak_mib']:.0f}"] if gpu else [])]
+            for r in results]
+    return markdown_table(header, body)
+
+
+def _publish(args: argparse.Namespace, argv: list[str] | None, tasks: tuple[str, ...],
+             results: list[dict[str, object]], epochs: int, load: tuple[float, float],
+             seconds: float) -> None:
+    """Write the figures into ``benchmarks/published/`` and rewrite the README block."""
+    from _published import publish
+
+    from fedbn_med.evaluation.report import csv_text
+    from fedbn_med.spec import RunSpec
+
+    data = []
+    for task in tasks:
+        s = RunSpec.for_task(task, **SIZES[task][1 if args.quick else 0]).settings
+        size = "^3 volumes" if task == "mri" else "^2 radiographs"
+        patches = (f", {s.patches} patches of {s.patch}^3 per training volume"
+                   if task == "mri" else "")
+        data.append(f"built-in {task} site {SITE[task]}: {s.image_size}{size}, "
+                    f"{s.subjects} subjects{patches}")
+    items = ", ".join(f"{t}: {UNIT[t]}" for t in tasks)
+    protocol = (f"one warm-up epoch, then {epochs} timed epoch(s) ({items}); each "
+                f"configuration in a fresh process; OMP_NUM_THREADS="
+                f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; measured on a shared "
+                f"machine ({os.cpu_count()} cores, load average {load[0]:.1f} before and "
+                f"{load[1]:.1f} after, other jobs running), so the rates are lower bounds")
+    key = "imaging_throughput" if tasks == ("mri",) else f"imaging_throughput-{args.task}"
+    folder = publish(key, name="imaging_throughput", argv=argv, report=_report(results),
+                     csv_text=csv_text(results), data="; ".join(data), protocol=protocol,
+                     wall_time_s=seconds)
+    print(f"published to {folder}")
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run every configuration and print one line per configuration."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny volumes and images (CI)")
@@ -117,7 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="data root of the built-in sites (default: a temporary folder)")
+    p.add_argument("--publish", action="store_true",
+                   help="also write the table into benchmarks/published/ and the README")
     args = p.parse_args(argv)
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
+    results: list[dict[str, object]] = []
     epochs = args.epochs or (1 if args.quick else 2)
     tasks = ("mri", "xray") if args.task == "both" else (args.task,)
     ctx = mp.get_context("spawn")
@@ -136,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
                                                           args.device, data_dir, queue))
                 proc.start()
                 result = _result(queue, proc)
+                results.append({"task": task, "cache": cache, **result})
                 print(f"{task:5} {cache:6} {result['device']:7} {result['amp']!s:5} "
                       f"{result['shape']:9} {result['items']:6d} {result['per_s']:8.2f} "
                       f"{result['setup_s']:8.1f} {result['warmup_s']:9.1f} "
@@ -143,7 +200,11 @@ def main(argv: list[str] | None = None) -> None:
                 sys.stdout.flush()
         print(f"\nitems: {', '.join(f'{t} {UNIT[t]}' for t in tasks)} per timed epoch "
               f"x {epochs} epoch(s)")
+    if args.publish:
+        _publish(args, argv, tasks, results, epochs, (load_before, os.getloadavg()[0]),
+                 time.perf_counter() - started)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -240,3 +240,70 @@ def test_federation_overhead(bench: Loader, capsys) -> None:
     for proc in psutil.Process().children(recursive=True):
         if proc.pid not in before:
             assert proc.status() == psutil.STATUS_ZOMBIE, proc.cmdline()
+
+
+def _publish_into(monkeypatch: pytest.MonkeyPatch, bench: Loader, tmp_path: Path,
+                  key: str) -> tuple[ModuleType, Path]:
+    """Return readme_tables, with --publish writing into ``tmp_path`` and its README."""
+    published = bench("_published")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n<!-- results:{key} -->\nSTALE\n<!-- /results:{key} -->\n",
+                      encoding="utf-8")
+    monkeypatch.setattr(published, "PUBLISHED_DIR", tmp_path / "published")
+    monkeypatch.setattr(published, "rewrite_readme",
+                        lambda key=None, readme=readme, _f=published.rewrite_readme:
+                        _f(key, readme))
+    tables = bench("readme_tables")
+    monkeypatch.setattr(tables, "PUBLISHED_DIR", tmp_path / "published")
+    return tables, readme
+
+
+def test_imaging_compare(bench: Loader, store: str, tmp_path: Path,
+                         monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    key = "imaging_compare-mri"
+    tables, readme = _publish_into(monkeypatch, bench, tmp_path, key)
+    assert bench("imaging_compare").main(
+        ["--quick", "--device", "cpu", "--out", str(tmp_path / "out"), "--tracking-uri",
+         store, "--publish"]) == 0
+    printed = capsys.readouterr().out
+    assert ("The same runs as `python pipelines/mri_fedbn.py --compare fedbn,fedavg "
+            "--folds 2 --seeds 1 --rounds 1 ") in printed
+    title = "Test dice at the best-validation round:\n\n"
+    (header, body), *_ = _tables(printed.split(title, 1)[1])
+    assert header == ["method", "SiteA", "SiteB", "SiteC", "mean"]
+    assert [r[0] for r in body] == ["fedbn", "fedavg"]
+    assert all(0 <= _numbers(c)[0] <= 100 for r in body for c in r[1:])
+    rows = _csv(tmp_path / "out" / "table.csv")
+    assert sorted((r["strategy"], r["fold"]) for r in rows) == [
+        ("fedavg", "0"), ("fedavg", "1"), ("fedbn", "0"), ("fedbn", "1")]
+    assert all(0 <= float(r["dice_best_mean"]) <= 1 for r in rows)
+    # the block is the published report, and the Dice means are recomputed from the CSV
+    text = readme.read_text(encoding="utf-8")
+    assert "STALE" not in text and tables.problems(text) == []
+    csv_path = tmp_path / "published" / key / "table.csv"
+    csv_path.write_text(csv_path.read_text(encoding="utf-8").replace(
+        f",{rows[0]['dice_best_mean']},", ",0.999,", 1), encoding="utf-8")
+    assert any("dice at the best-validation round" in p and "table.csv gives" in p
+               for p in tables.problems(text))
+    _benchmark_run(store, "imaging_compare")
+
+
+def test_imaging_compare_names_a_bad_strategy(bench: Loader, capsys) -> None:
+    with pytest.raises(SystemExit):
+        bench("imaging_compare").main(["--quick", "--strategies", "fedbn,fedbnn"])
+    assert "Unknown strategy 'fedbnn'. Valid strategies: " in capsys.readouterr().err
+
+
+def test_cohort_check_tabulates_every_figure_and_checks_real_dir(bench: Loader, tmp_path: Path,
+                                                                capsys) -> None:
+    # --real-dir runs (the published real-data block) take minutes here: not in the tests
+    from fedbn_med.tasks.abide.cohort.figures_v3 import REAL_FIGURES
+
+    module = bench("cohort_check")
+    keys = [k for _, ks, _ in module.FIGURES for k in ks]
+    assert sorted(keys) == sorted(REAL_FIGURES)  # each stored figure shown, once
+    assert {how for _, _, how in module.FIGURES} == {"", *module.HOW}
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--real-dir", str(tmp_path)])
+    assert "--real-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout)" in \
+        capsys.readouterr().err
