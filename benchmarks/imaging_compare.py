@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from _common import Benchmark, Budget, make_parser
+from _sweep import half_width
 
 from fedbn_med.cli.argtypes import positive_int
 
@@ -175,8 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = [comparison.corrected(comparison.values(strategy, "best", head, c))
                      for c in columns]
             series[strategy] = ([100 * m for m, _, _ in stats],
-                                [100 * (h - m) if math.isfinite(h) else 0.0
-                                 for m, _, h in stats])
+                                [half_width(s) for s in stats])
         return bar_plot(path, columns, series, ylabel=f"test {head} (%)",
                         title=f"{bench.args.task}: test {head} at the best-validation round")
 
