@@ -307,3 +307,40 @@ def test_cohort_check_tabulates_every_figure_and_checks_real_dir(bench: Loader, 
         module.main(["--quick", "--real-dir", str(tmp_path)])
     assert "--real-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout)" in \
         capsys.readouterr().err
+
+
+def test_stopping_rule(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
+                       capsys) -> None:
+    module = bench("stopping_rule")
+    assert module.main(["--quick", "--data-dir", str(abide_release), "--groups",
+                        "PITT,YALE/NYU,UM", "--out", str(tmp_path),
+                        "--tracking-uri", store]) == 0
+    (header, body), = _tables(capsys.readouterr().out)[:1]
+    assert header[1:3] == ["A: inner-test AUC %", "A: minus default (pp) [95 % CI]"]
+    rules = [r[0] for r in body]
+    assert rules[0] == "best validation loss" and "fixed: round 4" in rules
+    for row in body:
+        assert all(0 <= v <= 100 for v in _numbers(row[1]) + _numbers(row[6]))
+    rows = _csv(tmp_path / "table.csv")
+    assert sum(r["chosen"] == "True" for r in rows) == 1
+    assert {r["runs_A"] for r in rows} == {"2"}  # 1 outer fold x 2 inner folds
+    _benchmark_run(store, "stopping_rule")
+
+
+def test_stopping_rule_inner_data_hold_no_outer_test_subject(bench: Loader,
+                                                            abide_release: Path) -> None:
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.build import site_data
+
+    module = bench("stopping_rule")
+    spec = RunSpec.for_task("abide", sites=("PITT", "YALE"), data_dir=abide_release, fold=2,
+                            seed=1)
+    inner = module.inner_datas(spec.sites, spec, 2, 1)
+    for name in spec.sites:
+        outer = site_data(name, spec)  # the outer split of the same fold and repetition
+        rows = torch.cat([inner[name].train[0], inner[name].val[0], inner[name].test[0]])
+        part = torch.cat([outer.train[0], outer.val[0]])
+        assert rows.shape == part.shape
+        # every inner row is an outer training row; no outer test row appears
+        assert (torch.cdist(rows, outer.test[0]).min(dim=1).values > 0).all()
+        assert (torch.cdist(rows, part).min(dim=1).values == 0).all()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedbn_med.tasks.abide.splits import Split, site_splits
+from fedbn_med.tasks.abide.splits import Split, nested_split, site_splits
 
 LABELS = np.array([1] * 37 + [0] * 27)  # UCLA_1 after QC: 37 ASD, 27 controls
 
@@ -75,3 +75,31 @@ def test_too_few_subjects_per_class() -> None:
 def test_labels_must_be_1d() -> None:
     with pytest.raises(ValueError, match=r"Expected a non-empty 1-D array of labels, got shape"):
         site_splits(np.zeros((4, 2)))
+
+
+@pytest.mark.parametrize("fold", range(5))
+def test_nested_split_never_touches_the_outer_test_fold(fold: int) -> None:
+    outer = site_splits(LABELS, fold=fold, seed=3)
+    part = np.union1d(outer.train, outer.val)
+    tests = []
+    for inner_fold in range(4):
+        inner = nested_split(LABELS, fold=fold, inner_folds=4, inner_fold=inner_fold, seed=3)
+        everything = np.concatenate(_parts(inner))
+        assert np.intersect1d(everything, outer.test).size == 0
+        assert np.array_equal(np.sort(everything), part)  # the outer training part, once
+        assert not np.intersect1d(inner.train, inner.test).size
+        assert not np.intersect1d(inner.val, inner.test).size
+        assert 0 < LABELS[inner.test].mean() < 1  # stratified: both classes
+        tests.append(inner.test)
+    # the inner test folds partition the outer training part
+    assert np.array_equal(np.sort(np.concatenate(tests)), part)
+
+
+def test_nested_split_is_seeded_and_names_a_too_small_class() -> None:
+    a = nested_split(LABELS, fold=1, inner_fold=2, seed=5)
+    b = nested_split(LABELS, fold=1, inner_fold=2, seed=5)
+    c = nested_split(LABELS, fold=1, inner_fold=2, seed=6)
+    assert all(np.array_equal(x, y) for x, y in zip(_parts(a), _parts(b)))
+    assert not np.array_equal(a.test, c.test)
+    with pytest.raises(ValueError, match="class 0 has 4"):
+        nested_split(np.array([1] * 20 + [0] * 5), inner_folds=5)

@@ -8,6 +8,10 @@ carved from the training part only and the test folds stay a partition of the si
 A repetition of a cross-validation re-draws every site's split: the seed of a site's
 split is :func:`repetition_split_seed` of the site file's ``split_seed`` and the run's
 seed. Repetition 0 (run seed 0) keeps the site file's split as it is.
+
+A choice of protocol (which round a run reports) is judged with :func:`nested_split`:
+an inner split of one outer fold's training part, whose inner test set is drawn from
+subjects the outer split trains on, so the outer test fold is never read.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.model_selection import StratifiedKFold
 
-__all__ = ["Split", "repetition_split_seed", "site_splits"]
+__all__ = ["Split", "nested_split", "repetition_split_seed", "site_splits"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,3 +146,52 @@ def site_splits(
     train = np.setdiff1d(rest, val)
     return Split(train=np.sort(train).astype(np.int64), val=np.sort(val),
                  test=np.sort(test).astype(np.int64))
+
+
+def nested_split(
+    labels: Sequence[int] | np.ndarray,
+    *,
+    n_folds: int = 5,
+    fold: int = 0,
+    inner_folds: int = 4,
+    inner_fold: int = 0,
+    val_fraction: float = 0.15,
+    seed: int = 0,
+) -> Split:
+    """Split the training part of one outer fold again: inner train, validation and test.
+
+    The outer split is :func:`site_splits` of ``(n_folds, fold, seed)``; its training and
+    validation subjects (never its test fold) are split by :func:`site_splits` once more,
+    into ``inner_folds`` folds. The inner test set stands in for a test set when a rule of
+    the protocol is chosen, so that nothing is chosen on an outer test split.
+
+    Parameters
+    ----------
+    labels : sequence of int or numpy.ndarray
+        Class label per subject of the whole site (1-D).
+    n_folds, fold, val_fraction, seed
+        The outer split, as in :func:`site_splits`.
+    inner_folds : int, default=4
+        Folds of the inner split of the outer training part.
+    inner_fold : int, default=0
+        Which inner fold is the inner test set.
+
+    Returns
+    -------
+    Split
+        Indices into ``labels`` (the whole site): inner train, validation and test, all
+        disjoint from the outer test fold.
+
+    Raises
+    ------
+    ValueError
+        As :func:`site_splits`, for the outer or the inner split (a class of the outer
+        training part with fewer than ``inner_folds`` subjects, for example).
+    """
+    y = np.asarray(labels)
+    outer = site_splits(y, n_folds=n_folds, fold=fold, val_fraction=val_fraction, seed=seed)
+    part = np.sort(np.concatenate([outer.train, outer.val]))
+    inner_seed = zlib.crc32(f"inner:{int(seed)}:{int(fold)}".encode()) & 0x7FFFFFFF
+    inner = site_splits(y[part], n_folds=inner_folds, fold=inner_fold,
+                        val_fraction=val_fraction, seed=inner_seed)
+    return Split(train=part[inner.train], val=part[inner.val], test=part[inner.test])

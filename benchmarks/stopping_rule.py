@@ -1,0 +1,260 @@
+"""Judge the stopping rule by nested cross-validation: no outer test fold is ever read.
+
+Which round a run reports (its best-validation-loss round, its best-validation-AUC
+round, a smoothed validation loss, or a fixed number of rounds) cannot be chosen on the
+validation scores that pick the round, and must not be chosen on test scores. Here each
+outer fold's training part is split again (:func:`fedbn_med.tasks.abide.splits.nested_split`):
+FedBN trains on the inner training subjects, every rule picks its round from the inner
+validation subjects, and the rules are scored on the inner test subjects, who are part
+of the outer training part. The outer test folds are not loaded into any run.
+
+The criterion, the same rule as ``defaults_sweep.py``'s: the inner-test AUC (mean over
+sites and runs) per group; a rule replaces the default (the best-validation-loss round)
+only where it is best in every group and beats the default in every group.
+
+    python benchmarks/stopping_rule.py --data-dir DIR [--quick] [--rounds R] [--folds N]
+        [--inner-folds K] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
+from _plots import bar_plot
+from _sweep import corrected
+from defaults_sweep import GROUPS, _groups
+
+NAME = "stopping_rule"
+#: The default rule first; a fixed-rounds rule reports round R of the run.
+FIXED = (25, 50, 100, 150, 200)
+SMOOTH = 10
+
+Rows = Sequence[Mapping[str, Any]]
+
+
+def site_mean_curve(rows: Rows, key: str, rounds: int) -> np.ndarray:
+    """Return the mean over sites of ``key`` at rounds 1..``rounds`` (NaN where absent)."""
+    out = np.full(rounds, np.nan)
+    for rnd in range(1, rounds + 1):
+        vals = [float(r[key]) for r in rows if int(r["round"]) == rnd and key in r
+                and math.isfinite(float(r[key]))]
+        if vals:
+            out[rnd - 1] = float(np.mean(vals))
+    return out
+
+
+def _argbest(curve: np.ndarray, lower: bool) -> int:
+    if not np.isfinite(curve).any():
+        return len(curve)
+    return int(np.nanargmin(curve) if lower else np.nanargmax(curve)) + 1
+
+
+def rules(rounds: int) -> dict[str, Callable[[Rows], int]]:
+    """Return each stopping rule (its round from a run's rows), the default first."""
+    def smoothed(rows: Rows) -> int:
+        curve = site_mean_curve(rows, "val_loss", rounds)
+        width = min(SMOOTH, rounds)
+        # a centred moving mean: the round is the middle of the best window
+        means = np.convolve(np.nan_to_num(curve, nan=np.inf), np.ones(width) / width,
+                            mode="valid")
+        return _argbest(means, lower=True) + width // 2
+
+    out: dict[str, Callable[[Rows], int]] = {
+        "best validation loss": lambda r: _argbest(site_mean_curve(r, "val_loss", rounds), True),
+        "best validation AUC": lambda r: _argbest(site_mean_curve(r, "val_auc", rounds), False),
+        f"validation loss, {SMOOTH}-round moving mean": smoothed,
+    }
+    for fixed in FIXED:
+        if fixed <= rounds:
+            out[f"fixed: round {fixed}"] = lambda _r, f=fixed: f
+    if rounds not in FIXED:
+        out[f"fixed: round {rounds}"] = lambda _r: rounds
+    return out
+
+
+def inner_datas(sites: Sequence[str], spec: Any, inner_folds: int, inner_fold: int
+                ) -> dict[str, Any]:
+    """Return each site's inner split of the outer fold ``spec.fold`` as SiteData."""
+    import torch
+
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
+    from fedbn_med.training.trainer import SiteData
+
+    out = {}
+    for name, site in load_sites(list(sites)).items():
+        feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
+                                   name=name)
+        split = nested_split(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
+                             inner_folds=inner_folds, inner_fold=inner_fold,
+                             seed=repetition_split_seed(site.split_seed, spec.seed))
+        x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
+        y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
+
+        def part(idx: np.ndarray, x: Any = x, y: Any = y) -> tuple[Any, Any]:
+            index = torch.as_tensor(np.array(idx, dtype=np.int64))
+            return x[index], y[index]
+
+        out[name] = SiteData(train=part(split.train), val=part(split.val),
+                             test=part(split.test))
+    return out
+
+
+def score_at(rows: Rows, rnd: int) -> dict[str, float]:
+    """Return the inner-test AUC, balanced accuracy and one-class share at round ``rnd``."""
+    at = [r for r in rows if int(r["round"]) == rnd]
+
+    def mean(key: str) -> float:
+        vals = [float(r[key]) for r in at if key in r and math.isfinite(float(r[key]))]
+        return float(np.mean(vals)) if vals else math.nan
+
+    one = [float(r["test_positive_rate"]) in (0.0, 1.0) for r in at if "test_positive_rate" in r]
+    return {"auc": mean("test_auc"), "balanced_accuracy": mean("test_balanced_accuracy"),
+            "one_class": float(np.mean(one)) if one else math.nan}
+
+
+def choose(means: Mapping[tuple[str, str], float], names: Sequence[str],
+           groups: Sequence[str]) -> tuple[str, str]:
+    """Return the chosen rule and why: best in every group and beats the default in each."""
+    default = names[0]
+    best = [max(names, key=lambda n, g=g: means[(n, g)]) for g in groups]
+    if len(set(best)) > 1:
+        return default, "kept: the groups' best rules differ (" + ", ".join(
+            f"{g}: {b}" for g, b in zip(groups, best)) + ")"
+    winner = best[0]
+    if winner == default:
+        return default, "kept: best in every group"
+    if all(means[(winner, g)] > means[(default, g)] for g in groups):
+        return winner, "changed: best in every group"
+    return default, "kept: does not beat the default in every group"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the nested design, score every rule on the inner test sets, print the choice."""
+    parser = make_parser(NAME, __doc__.splitlines()[0],
+                         full=Budget(rounds=200, folds=5, seeds=1),
+                         quick=Budget(rounds=4, folds=1, seeds=1))
+    parser.add_argument("--groups", type=_groups, default=None,
+                        help="federations, sites comma-separated, groups split by '/' "
+                             "(default with --data-dir: " + "/".join(",".join(g) for g in GROUPS)
+                             + "; on the built-in cohort its four sites)")
+    parser.add_argument("--inner-folds", type=positive_int, default=None,
+                        help="inner folds of each outer training part (default 4; 2 with "
+                             "--quick)")
+    bench = Benchmark(parser, argv)
+    args = bench.args
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import load_sites
+
+    inner_folds = args.inner_folds or (2 if args.quick else 4)
+    if inner_folds < 2:
+        parser.error(f"--inner-folds must be at least 2, got {inner_folds}")
+    base = RunSpec.for_task("abide", rounds=args.rounds, data_dir=args.data_dir,
+                            device=args.device)
+    groups_arg = args.groups or (GROUPS if args.data_dir is not None else (base.sites,))
+    for group in groups_arg:
+        try:
+            load_sites(list(group))
+        except ValueError as err:
+            parser.error(f"--groups: {err}")
+    groups = {chr(ord("A") + i): g for i, g in enumerate(groups_arg)}
+    if args.data_dir is not None:  # published as one table over every group
+        described = ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites: "
+                     + " and ".join(f"group {g} {', '.join(s)}" for g, s in groups.items()))
+        bench.data_description = lambda: (described, ())  # type: ignore[method-assign]
+    table_rules = rules(args.rounds)
+    names = list(table_rules)
+    grid = [(g, fold, seed, inner) for g in groups for fold, seed in bench.cells
+            for inner in range(inner_folds)]
+    scores: dict[tuple[str, str], list[dict[str, float]]] = {}
+    picked: dict[tuple[str, str], list[int]] = {}
+    for g, fold, seed, inner in bench.progress(grid, NAME):
+        spec = base.replace(sites=groups[g], fold=fold, seed=seed)
+        rows = run(spec, inner_datas(groups[g], spec, inner_folds, inner)).rows
+        for name, rule in table_rules.items():
+            rnd = rule(rows)
+            scores.setdefault((name, g), []).append(score_at(rows, rnd))
+            picked.setdefault((name, g), []).append(rnd)
+
+    def values(name: str, g: str, key: str) -> list[float]:
+        return [c[key] for c in scores[(name, g)]]
+
+    means = {(n, g): float(np.nanmean(values(n, g, "auc"))) for n in names for g in groups}
+    chosen, why = choose(means, names, list(groups))
+    # paired against the default, run by run; runs share subjects (corrected t)
+    n_ratio = inner_folds  # folds of the inner split: n_test / n_train = 1 / (K - 1)
+    body, csv_rows = [], []
+    for name in names:
+        cells, row = [], {"rule": name, "chosen": name == chosen}
+        for g in groups:
+            auc = values(name, g, "auc")
+            gap = corrected(np.subtract(auc, values(names[0], g, "auc")), n_folds=n_ratio)
+            bal = float(np.nanmean(values(name, g, "balanced_accuracy")))
+            one = float(np.nanmean(values(name, g, "one_class")))
+            rnds = picked[(name, g)]
+            cells += [f"{100 * means[(name, g)]:.1f}",
+                      "—" if name == names[0] else _gap(gap),
+                      f"{100 * bal:.1f}", f"{100 * one:.0f}",
+                      f"{int(np.median(rnds))} ({min(rnds)}-{max(rnds)})"]
+            row.update({f"auc_{g}": round(means[(name, g)], 6),
+                        f"auc_gap_{g}": round(gap[0], 6), f"auc_gap_{g}_low": round(gap[1], 6),
+                        f"auc_gap_{g}_high": round(gap[2], 6),
+                        f"balanced_accuracy_{g}": round(bal, 6),
+                        f"one_class_{g}": round(one, 6), f"runs_{g}": len(rnds),
+                        f"round_median_{g}": float(np.median(rnds))})
+        mark = ("**chosen** " + why) if name == chosen else (
+            "(current default)" if name == names[0] else "")
+        body.append([name, *cells, mark])
+        csv_rows.append(row)
+    header = ["rule"]
+    for g in groups:
+        header += [f"{g}: inner-test AUC %", f"{g}: minus default (pp) [95 % CI]",
+                   f"{g}: bal. acc. %", f"{g}: one-class sites %", f"{g}: round, median (range)"]
+    header.append("choice (inner test only)")
+    table = markdown_table(header, body)
+    runs = len(grid) // len(groups)
+    names_text = "; ".join(f"{g} = {', '.join(s)}" for g, s in groups.items())
+    notes = (
+        f"FedBN, in process, {args.rounds} rounds; {names_text}; data: "
+        f"{args.data_dir or 'the built-in cohort'}. Nested design: outer folds "
+        f"{args.folds} of {N_FOLDS} x {args.seeds} repetition(s), each outer training part "
+        f"split again into {inner_folds} inner folds ({runs} runs per group); each run "
+        "trains on the inner training subjects, picks its round on the inner validation "
+        "subjects and is scored on the inner test subjects. No outer test subject is "
+        "loaded. Criterion, as in defaults_sweep: the inner-test AUC (mean over sites and "
+        "runs) per group; a rule replaces the default only when it is best in every group "
+        "and beats the default in every group. Differences: paired by run, mean [95 % CI] "
+        f"with the corrected resampled t (n_test/n_train = 1/{inner_folds - 1}). "
+        "'One-class sites': the share of (run, site) scores whose test predictions were "
+        f"all one class. Every other setting is the main job's default. Chosen: {chosen} "
+        f"({why}).")
+
+    def plot(path: Path) -> Path:
+        series = {f"group {g}": ([100 * means[(n, g)] for n in names], [0.0] * len(names))
+                  for g in groups}
+        return bar_plot(path, [n[:28] for n in names], series, ylabel="inner-test AUC (%)",
+                        title="stopping rules, nested cross-validation")
+
+    metrics = {f"auc_{g}.{i}": means[(n, g)] for i, n in enumerate(names) for g in groups}
+    bench.publish(table, csv_rows, plot, notes=notes, metrics=metrics,
+                  protocol=(f"nested: {inner_folds} inner folds of each outer training part; "
+                            "rules scored on inner test subjects only"))
+    return 0
+
+
+def _gap(stats: tuple[float, float, float]) -> str:
+    mean, low, high = stats
+    if not math.isfinite(low):
+        return f"{100 * mean:+.1f}"
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
