@@ -142,11 +142,30 @@ def test_data_dir_must_hold_abide_pcp(bench, tmp_path, capsys):
         in capsys.readouterr().err
 
 
-def test_heterogeneity_refuses_real_data(bench, tmp_path, capsys):
+def test_heterogeneity_refuses_site_effects_on_real_data(bench, tmp_path, capsys):
     (tmp_path / "ABIDE_pcp").mkdir()
     with pytest.raises(SystemExit):
-        bench("heterogeneity").main(["--data-dir", str(tmp_path)])
+        bench("heterogeneity").main(["--data-dir", str(tmp_path), "--site-effects", "0,1"])
     assert "real ABIDE has one fixed site effect" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench("heterogeneity").main(["--groups", "PITT,YALE/NYU,UM"])
+    assert "--groups needs --data-dir" in capsys.readouterr().err
+
+
+def test_heterogeneity_real_federations(bench, abide_release, store, tmp_path, capsys):
+    """Real-data version: one row per federation, its measured shift and the gap."""
+    assert bench("heterogeneity").main(
+        ["--quick", "--data-dir", str(abide_release), "--groups", "PITT,YALE/NYU,UM,USM",
+         "--out", str(tmp_path), "--tracking-uri", store]) == 0
+    printed = capsys.readouterr().out
+    body = [line for line in printed.splitlines() if line.startswith("| A |")
+            or line.startswith("| B |")]
+    assert [line.split("|")[2].strip() for line in body] == ["PITT, YALE", "NYU, UM, USM"]
+    rows = list(csv.DictReader(open(tmp_path / "table.csv", encoding="utf-8")))
+    assert {r["federation"] for r in rows} == {"A", "B"}
+    for r in rows:  # measured, finite, non-negative site effects
+        assert float(r["location_effect"]) >= 0 and float(r["scale_effect"]) >= 0
+    assert {r["strategy"] for r in rows} >= {"fedbn", "fedavg"}
 
 
 def _site_data(labels: list[int]) -> SiteData:

@@ -58,7 +58,7 @@ def check_no_private_tensor_left_the_site(wire: bytes, config: RunSpec, site: st
 
 
 # -- client-level differential privacy (fedbn_med.fl.privacy) --------------------------------
-def _dp_trainers(privacy):
+def _dp_trainers(privacy, strategy=None):
     from fedbn_med.fl.strategies import FedBN
     from fedbn_med.tasks.abide.model import AbideMLP
     from fedbn_med.training.trainer import SiteTrainer
@@ -68,8 +68,9 @@ def _dp_trainers(privacy):
     out = {}
     for i, (site, shift) in enumerate((("A", 0.0), ("B", 3.0))):
         torch.manual_seed(0)
-        out[site] = SiteTrainer(site, AbideMLP(12), _site_data(shift, 1.0, i), FedBN(),
-                                batch_size=16, seed=0, device="cpu", privacy=privacy)
+        out[site] = SiteTrainer(site, AbideMLP(12), _site_data(shift, 1.0, i),
+                                strategy or FedBN(), batch_size=16, seed=0, device="cpu",
+                                privacy=privacy)
     return out
 
 
@@ -85,6 +86,35 @@ def test_dp_with_no_noise_and_a_huge_clip_equals_no_dp():
     assert [{k: v for k, v in r.items() if k not in dropped} for r in dp.rows] == plain.rows
     for key, value in plain.global_weights.items():
         assert torch.equal(dp.global_weights[key], value), key
+
+
+def test_noise_never_releases_a_negative_bn_variance():
+    from fedbn_med.fl.privacy import UpdatePrivacy
+
+    privacy = UpdatePrivacy(clip=1.0, noise=50.0)
+    start = {"net.1.N.running_var": torch.ones(64), "net.1.N.running_mean": torch.zeros(64),
+             "net.1.N.num_batches_tracked": torch.tensor(3)}
+    sent = {k: v + 1 for k, v in start.items()}
+    out = privacy.privatize(sent, start, torch.Generator().manual_seed(0))
+    assert (out["net.1.N.running_var"] >= 0).all()
+    assert (out["net.1.N.running_var"] == 0).any()  # the noise did push some below 0
+    assert (out["net.1.N.running_mean"] < 0).any()  # a mean may be negative: untouched
+    assert int(out["net.1.N.num_batches_tracked"]) == 3
+
+
+def test_fedavg_under_heavy_dp_noise_stays_finite():
+    """FedAvg shares BN running statistics: noised, they must not make the model NaN."""
+    from fedbn_med.fl.privacy import UpdatePrivacy
+    from fedbn_med.fl.strategies import FedAvg
+    from fedbn_med.training.inprocess import run_in_process
+
+    trainers = _dp_trainers(UpdatePrivacy(clip=0.1, noise=20.0), FedAvg())
+    history = run_in_process(trainers, FedAvg(), rounds=3)
+    for row in history.rows:
+        assert math.isfinite(row["val_loss"]), row
+    assert all(torch.isfinite(v.double()).all() for v in history.global_weights.values())
+    variances = [v for k, v in history.global_weights.items() if k.endswith("running_var")]
+    assert variances and all((v >= 0).all() for v in variances)
 
 
 @pytest.mark.parametrize(("noise", "rounds", "delta"),

@@ -210,7 +210,10 @@ class UpdatePrivacy:
         """Return ``start + clip_and_noise(sent - start)``, key by key, in ``sent``'s dtypes.
 
         Integer tensors (BN's ``num_batches_tracked`` under FedAvg) carry no update: the
-        received value is sent back.
+        received value is sent back. A BN running variance (a ``running_var`` key, shared
+        under FedAvg) is clamped at 0 after the noise: noise can make it negative, and a
+        negative variance turns the model's output into NaN. The clamp is post-processing
+        of the noisy release, so it costs no privacy.
         """
         import torch
 
@@ -222,7 +225,10 @@ class UpdatePrivacy:
         out: Weights = {}
         for key, tensor in sent.items():
             if key in noisy:
-                out[key] = (start[key].double() + noisy[key]).to(tensor.dtype)
+                value = start[key].double() + noisy[key]
+                if key.rsplit(".", 1)[-1] == "running_var":
+                    value = value.clamp_min(0.0)
+                out[key] = value.to(tensor.dtype)
             else:
                 out[key] = start[key].clone().to(tensor.dtype)
         return out

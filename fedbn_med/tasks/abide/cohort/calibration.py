@@ -148,9 +148,12 @@ def site_effect_figures(samples: Sequence[SiteSample]) -> dict[str, float]:
     noise = (var / n[:, None]).mean(axis=0)
     offsets = (means - means.mean(axis=0)).mean(axis=1)
     residual = means - means.mean(axis=0) - offsets[:, None]
-    log_sd = 0.5 * np.log(var / within**2)
+    # an edge of an all-zero ROI has no spread at some site: no log SD, left out of scale
+    spread = (var > 0).all(axis=0)
+    var_s, within_s = var[:, spread], within[spread]
+    log_sd = 0.5 * np.log(var_s / within_s**2)
     log_noise = float(np.mean(1.0 / (2.0 * (n - 1))))
-    site_scale = np.median(np.sqrt(var) / within, axis=1)
+    site_scale = np.median(np.sqrt(var_s) / within_s, axis=1)
     resid_log_sd = log_sd - np.log(site_scale)[:, None]
     med_within = float(np.median(within))
     return {
