@@ -74,6 +74,31 @@ def _commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+#: The packages whose versions decide a long run's floating-point results.
+NUMERIC_STACK = ("torch", "numpy", "scipy", "scikit-learn", "nilearn", "pandas", "monai")
+
+
+def environment() -> dict[str, object]:
+    """Return what a published figure was computed with: Python, CPU and numeric stack.
+
+    Long training runs amplify last-bit differences, so the same command on another
+    version of numpy or torch may give other numbers; ``constraints.txt`` pins them.
+    """
+    import platform
+    from importlib import metadata
+
+    import torch
+
+    versions = {}
+    for package in NUMERIC_STACK:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "absent"
+    return {"python": platform.python_version(), "machine": platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "packages": versions}
+
+
 def _command(name: str, argv: Sequence[str]) -> str:
     """Return the command line, with the local data folder shown as DATA_DIR."""
     shown: list[str] = []
@@ -136,7 +161,7 @@ def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
         "data": data, "protocol": protocol, "wall_time_s": round(wall_time_s, 1),
         "commit": _commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
-        "check": check,
+        "check": check, "environment": environment(),
         "sha256": {"report.md": _sha256(folder / "report.md"),
                    "table.csv": _sha256(folder / "table.csv")},
     }

@@ -155,9 +155,9 @@ def test_drift(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
     assert bench("drift").main(["--quick", "--rounds", "2", "--data-dir", str(abide_release),
                                 "--out", str(out), "--tracking-uri", store]) == 0
     (header, body), = _tables((out / "table.md").read_text(encoding="utf-8"))
-    assert header == ["method", "ABIDE E=1 acc (%)", "ABIDE E=1 rounds to 60",
-                      "ABIDE E=8 acc (%)", "ABIDE E=8 rounds to 60", "MRI Dice (%)",
-                      "MRI rounds to 50"]
+    assert header == ["method", "ABIDE E=1 acc (%)", "ABIDE E=1 rounds to 60 (val)",
+                      "ABIDE E=8 acc (%)", "ABIDE E=8 rounds to 60 (val)", "MRI Dice (%)",
+                      "MRI rounds to 50 (val)"]
     assert [r[0] for r in body] == ["FedAvg", "FedProx", "SCAFFOLD", "FedBN",
                                     "FedBN+FedProx", "FedBN+SCAFFOLD"]
     for row in body:

@@ -76,6 +76,11 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
                                       "--data-dir DATA_DIR --sites PITT,YALE")
     assert str(release) not in text, "the local data path leaked into the README"
     assert "shared sites PITT, YALE" in meta["data"] and "Nadeau-Bengio" in meta["protocol"]
+    # what the numbers were computed with (the numeric stack decides their last digits)
+    import numpy as np
+
+    assert meta["environment"]["packages"]["numpy"] == np.__version__
+    assert meta["environment"]["cpu_capability"]
     assert tables.problems(text) == []
 
     # A number typed into the README by hand.
