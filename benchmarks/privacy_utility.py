@@ -9,7 +9,13 @@ sites, :meth:`fedbn_med.training.inprocess.History.best_round`), mean [corrected
 over the (fold, seed) cells; ``inf`` is the run without DP. The epsilon each site
 reports is the whole run's (its last round's), and is checked against the target.
 
+The noise is drawn from each run's seed (``dp_seeded_noise``), so the same command gives
+the same table: an experiment on utility, not a private run, since anyone with the seed
+can regenerate the noise. ``--fresh-noise`` draws it from the operating system instead,
+as a private run does; the table then changes from one invocation to the next.
+
     python benchmarks/privacy_utility.py [--quick] [--epsilons inf,8,4,1] [--clip 0.1]
+                                         [--fresh-noise]
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clip", type=float, default=0.1,
                         help="clip norm C of every update (default 0.1, about the median "
                              "update norm of the ABIDE network at lr 0.01)")
+    parser.add_argument("--fresh-noise", action="store_true",
+                        help="draw the DP noise from the operating system (private, not "
+                             "repeatable) instead of from each run's seed")
     bench = Benchmark(parser, argv)
     if not 0 < bench.args.delta < 1:
         parser.error(f"--delta must be in (0, 1), got {bench.args.delta}")
@@ -78,7 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def spec(eps: float, strategy: str, fold: int, seed: int) -> RunSpec:
         dp = {} if math.isinf(eps) else {"dp_clip": clip, "dp_noise": sigma[eps],
-                                         "dp_delta": delta}
+                                         "dp_delta": delta,
+                                         "dp_seeded_noise": not bench.args.fresh_noise}
         return bench.config(strategy=strategy, fold=fold, seed=seed, **dp)
 
     for eps, strategy, fold, seed, history in run_grid(bench, tuple(sigma), STRATEGIES, spec):
@@ -126,7 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 "(dashed: FedBN without DP)")
 
     notes = ("sigma is the noise multiplier that spends the target epsilon over the run's "
-             "rounds (Opacus RDP accountant); each site's epsilon is what it reported.")
+             "rounds (Opacus RDP accountant); each site's epsilon is what it reported. "
+             + ("The noise was drawn from the operating system (--fresh-noise): a rerun "
+                "gives other figures." if bench.args.fresh_noise else
+                "The noise was drawn from each run's seed, so the table repeats; such noise "
+                "is for experiments and is not private (--fresh-noise draws it as a "
+                "private run does)."))
     bench.publish(table, rows, plot, notes=notes)
     return 0
 

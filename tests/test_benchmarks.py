@@ -175,6 +175,22 @@ def _site_data(labels: list[int]) -> SiteData:
     return SiteData(train=(x, y), val=empty, test=empty)
 
 
+def test_privacy_utility_repeats_with_seeded_noise_only(bench, store, tmp_path):
+    """The same command gives the same DP table; --fresh-noise says it will not."""
+    def table(tag: str, *extra: str) -> str:
+        out = tmp_path / tag
+        argv = ["--quick", "--epsilons", "inf,1", "--out", str(out), "--tracking-uri", store]
+        assert bench("privacy_utility").main([*argv, *extra]) == 0
+        return (out / "table.csv").read_text(encoding="utf-8")
+
+    seeded = table("a")
+    assert table("b") == seeded
+    assert "not private" in (tmp_path / "b" / "table.md").read_text(encoding="utf-8")
+    table("c", "--fresh-noise")  # the noise a private run draws: said under the table
+    assert "a rerun gives other figures" in (tmp_path / "c" / "table.md").read_text(
+        encoding="utf-8")
+
+
 def test_subsample_is_stratified_and_keeps_two_examples(bench):
     subsample = bench("data_size").subsample
     data = _site_data([0] * 60 + [1] * 40)
