@@ -124,11 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for fold in setting.folds]
     for setting, label, fold in bench.progress(grid):
         strategy, mu = METHODS[label]
-        rows_of_run = run(setting.spec(strategy, mu, fold)).rows
+        history = run(setting.spec(strategy, mu, fold))
         # the target is read off the validation curve: no test score picks a round
         curves.setdefault((setting.name, label), []).append(
-            curve(rows_of_run, f"val_{setting.metric}"))
-        final = curve(rows_of_run, f"test_{setting.metric}")
+            curve(history, f"val_{setting.metric}"))
+        final = curve(history, f"test_{setting.metric}")
         finals.setdefault((setting.name, label), []).append(float(final[-1]))
 
     header = ["method"]
