@@ -161,6 +161,9 @@ class Benchmark:
         self.name: str = args.benchmark
         self.out: Path = (args.out or RESULTS_DIR / self.name).expanduser().resolve()
         self.runs = 0
+        #: Several real federations in one table (``{"A": sites, ...}``): published as
+        #: ``<name>-real``, its data described group by group.
+        self.real_groups: Mapping[str, Sequence[str]] | None = None
 
     @property
     def folds(self) -> range:
@@ -261,8 +264,13 @@ class Benchmark:
 
         from fedbn_med.spec import RunSpec
 
+        real = self.args.data_dir is not None
+        if real and self.real_groups is not None:
+            return ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites: "
+                    + " and ".join(f"group {g} {', '.join(s)}"
+                                   for g, s in self.real_groups.items())), ()
         sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task(TASK).sites)
-        return describe_data(sites, self.args.data_dir is not None), sites
+        return describe_data(sites, real), sites
 
     def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
         from _published import publish, publish_key

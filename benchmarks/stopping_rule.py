@@ -24,7 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
+from _common import (
+    N_FOLDS,
+    Benchmark,
+    Budget,
+    curve,
+    make_parser,
+    markdown_table,
+    positive_int,
+    run,
+    site_mean,
+)
 from _plots import bar_plot
 from _sweep import corrected
 from defaults_sweep import GROUPS, _groups
@@ -34,19 +44,6 @@ NAME = "stopping_rule"
 FIXED = (25, 50, 100, 150, 200)
 SMOOTH = 10
 
-Rows = Sequence[Mapping[str, Any]]
-
-
-def site_mean_curve(rows: Rows, key: str, rounds: int) -> np.ndarray:
-    """Return the mean over sites of ``key`` at rounds 1..``rounds`` (NaN where absent)."""
-    out = np.full(rounds, np.nan)
-    for rnd in range(1, rounds + 1):
-        vals = [float(r[key]) for r in rows if int(r["round"]) == rnd and key in r
-                and math.isfinite(float(r[key]))]
-        if vals:
-            out[rnd - 1] = float(np.mean(vals))
-    return out
-
 
 def _argbest(curve: np.ndarray, lower: bool) -> int:
     if not np.isfinite(curve).any():
@@ -54,19 +51,18 @@ def _argbest(curve: np.ndarray, lower: bool) -> int:
     return int(np.nanargmin(curve) if lower else np.nanargmax(curve)) + 1
 
 
-def rules(rounds: int) -> dict[str, Callable[[Rows], int]]:
-    """Return each stopping rule (its round from a run's rows), the default first."""
-    def smoothed(rows: Rows) -> int:
-        curve = site_mean_curve(rows, "val_loss", rounds)
+def rules(rounds: int) -> dict[str, Callable[[Any], int]]:
+    """Return each stopping rule (its round from a run's history), the default first."""
+    def smoothed(history: Any) -> int:
         width = min(SMOOTH, rounds)
         # a centred moving mean: the round is the middle of the best window
-        means = np.convolve(np.nan_to_num(curve, nan=np.inf), np.ones(width) / width,
-                            mode="valid")
+        means = np.convolve(np.nan_to_num(curve(history, "val_loss"), nan=np.inf),
+                            np.ones(width) / width, mode="valid")
         return _argbest(means, lower=True) + width // 2
 
-    out: dict[str, Callable[[Rows], int]] = {
-        "best validation loss": lambda r: _argbest(site_mean_curve(r, "val_loss", rounds), True),
-        "best validation AUC": lambda r: _argbest(site_mean_curve(r, "val_auc", rounds), False),
+    out: dict[str, Callable[[Any], int]] = {
+        "best validation loss": lambda h: _argbest(curve(h, "val_loss"), True),
+        "best validation AUC": lambda h: _argbest(curve(h, "val_auc"), False),
         f"validation loss, {SMOOTH}-round moving mean": smoothed,
     }
     for fixed in FIXED:
@@ -80,43 +76,27 @@ def rules(rounds: int) -> dict[str, Callable[[Rows], int]]:
 def inner_datas(sites: Sequence[str], spec: Any, inner_folds: int, inner_fold: int
                 ) -> dict[str, Any]:
     """Return each site's inner split of the outer fold ``spec.fold`` as SiteData."""
-    import torch
-
-    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir, split_data
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.sites import load_sites
     from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
-    from fedbn_med.training.trainer import SiteData
 
     out = {}
     for name, site in load_sites(list(sites)).items():
         feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
                                    name=name)
-        split = nested_split(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
-                             inner_folds=inner_folds, inner_fold=inner_fold,
-                             seed=repetition_split_seed(site.split_seed, spec.seed))
-        x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
-        y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
-
-        def part(idx: np.ndarray, x: Any = x, y: Any = y) -> tuple[Any, Any]:
-            index = torch.as_tensor(np.array(idx, dtype=np.int64))
-            return x[index], y[index]
-
-        out[name] = SiteData(train=part(split.train), val=part(split.val),
-                             test=part(split.test))
+        out[name] = split_data(feats, nested_split(
+            feats.labels, n_folds=spec.n_folds, fold=spec.fold, inner_folds=inner_folds,
+            inner_fold=inner_fold, seed=repetition_split_seed(site.split_seed, spec.seed)))
     return out
 
 
-def score_at(rows: Rows, rnd: int) -> dict[str, float]:
+def score_at(history: Any, rnd: int) -> dict[str, float]:
     """Return the inner-test AUC, balanced accuracy and one-class share at round ``rnd``."""
-    at = [r for r in rows if int(r["round"]) == rnd]
-
-    def mean(key: str) -> float:
-        vals = [float(r[key]) for r in at if key in r and math.isfinite(float(r[key]))]
-        return float(np.mean(vals)) if vals else math.nan
-
-    one = [float(r["test_positive_rate"]) in (0.0, 1.0) for r in at if "test_positive_rate" in r]
-    return {"auc": mean("test_auc"), "balanced_accuracy": mean("test_balanced_accuracy"),
+    one = [float(r["test_positive_rate"]) in (0.0, 1.0) for r in history.rows
+           if int(r["round"]) == rnd and "test_positive_rate" in r]
+    return {"auc": site_mean(history, "test_auc", rnd),
+            "balanced_accuracy": site_mean(history, "test_balanced_accuracy", rnd),
             "one_class": float(np.mean(one)) if one else math.nan}
 
 
@@ -165,10 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             parser.error(f"--groups: {err}")
     groups = {chr(ord("A") + i): g for i, g in enumerate(groups_arg)}
-    if args.data_dir is not None:  # published as one table over every group
-        described = ("real ABIDE Preprocessed (C-PAC, filt_noglobal, rois_ho), shared sites: "
-                     + " and ".join(f"group {g} {', '.join(s)}" for g, s in groups.items()))
-        bench.data_description = lambda: (described, ())  # type: ignore[method-assign]
+    bench.real_groups = groups  # published as one table over every group
     table_rules = rules(args.rounds)
     names = list(table_rules)
     grid = [(g, fold, seed, inner) for g in groups for fold, seed in bench.cells
@@ -177,10 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     picked: dict[tuple[str, str], list[int]] = {}
     for g, fold, seed, inner in bench.progress(grid, NAME):
         spec = base.replace(sites=groups[g], fold=fold, seed=seed)
-        rows = run(spec, inner_datas(groups[g], spec, inner_folds, inner)).rows
+        history = run(spec, inner_datas(groups[g], spec, inner_folds, inner))
         for name, rule in table_rules.items():
-            rnd = rule(rows)
-            scores.setdefault((name, g), []).append(score_at(rows, rnd))
+            rnd = rule(history)
+            scores.setdefault((name, g), []).append(score_at(history, rnd))
             picked.setdefault((name, g), []).append(rnd)
 
     def values(name: str, g: str, key: str) -> list[float]:

@@ -95,7 +95,8 @@ def test_noise_never_releases_a_negative_bn_variance():
     start = {"net.1.N.running_var": torch.ones(64), "net.1.N.running_mean": torch.zeros(64),
              "net.1.N.num_batches_tracked": torch.tensor(3)}
     sent = {k: v + 1 for k, v in start.items()}
-    out = privacy.privatize(sent, start, torch.Generator().manual_seed(0))
+    out = privacy.privatize(sent, start, torch.Generator().manual_seed(0),
+                            nonnegative={"net.1.N.running_var"})
     assert (out["net.1.N.running_var"] >= 0).all()
     assert (out["net.1.N.running_var"] == 0).any()  # the noise did push some below 0
     assert (out["net.1.N.running_mean"] < 0).any()  # a mean may be negative: untouched

@@ -191,10 +191,15 @@ class DPHook(RoundHook):
         self.privacy = privacy
         self.releases = releases
         self._start: Weights = {}
+        self._variances: frozenset[str] | None = None
 
     def begin(self, site: HookedSite, rnd: int, server: Mapping[str, torch.Tensor]) -> None:
         """Hold the received weights: the reference of the update."""
         self._start = site.shared_weights()
+        if self._variances is None:  # the model's BN variances, found by type, once
+            from fedbn_med.fl.partition import bn_variance_keys
+
+            self._variances = bn_variance_keys(site.model)
 
     def end(self, site: HookedSite, rnd: int, sent: Weights,
             metrics: dict[str, float]) -> Weights:
@@ -203,7 +208,8 @@ class DPHook(RoundHook):
 
         privacy = self.privacy
         sent = privacy.privatize(sent, self._start,
-                                 noise_generator(privacy, site.seed, site.site, rnd))
+                                 noise_generator(privacy, site.seed, site.site, rnd),
+                                 nonnegative=self._variances or ())
         self.releases.record(privacy.noise)
         metrics.update(dp_epsilon=self.releases.spent(privacy.delta), dp_delta=privacy.delta,
                        dp_noise=privacy.noise, dp_clip=privacy.clip,

@@ -21,6 +21,7 @@ __all__ = [
     "Partition",
     "bn_layers",
     "bn_statistics_keys",
+    "bn_variance_keys",
     "partition_model",
     "select",
     "site_private_keys",
@@ -106,6 +107,13 @@ def bn_statistics_keys(model: nn.Module) -> frozenset[str]:
         dotted = f"{prefix}." if prefix else ""
         keys.update(dotted + name for name, _ in module.named_buffers(recurse=False))
     return frozenset(keys & state_keys)
+
+
+def bn_variance_keys(model: nn.Module) -> frozenset[str]:
+    """Return the state-dict keys of the BN layers' running variances (never negative)."""
+    state_keys = set(model.state_dict().keys())
+    return frozenset({f"{prefix}.running_var" if prefix else "running_var"
+                      for prefix, _ in _normalisation_modules(model)} & state_keys)
 
 
 def site_private_keys(model: nn.Module) -> frozenset[str]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -206,14 +206,16 @@ class UpdatePrivacy:
         return eps
 
     def privatize(self, sent: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
-                  generator: torch.Generator | None = None) -> Weights:
+                  generator: torch.Generator | None = None,
+                  nonnegative: Collection[str] = ()) -> Weights:
         """Return ``start + clip_and_noise(sent - start)``, key by key, in ``sent``'s dtypes.
 
         Integer tensors (BN's ``num_batches_tracked`` under FedAvg) carry no update: the
-        received value is sent back. A BN running variance (a ``running_var`` key, shared
-        under FedAvg) is clamped at 0 after the noise: noise can make it negative, and a
-        negative variance turns the model's output into NaN. The clamp is post-processing
-        of the noisy release, so it costs no privacy.
+        received value is sent back. The ``nonnegative`` keys (BN running variances, shared
+        under FedAvg: :func:`fedbn_med.fl.partition.bn_variance_keys`) are clamped at 0
+        after the noise: noise can make a variance negative, and a negative variance turns
+        the model's output into NaN. The clamp is post-processing of the noisy release, so
+        it costs no privacy.
         """
         import torch
 
@@ -226,7 +228,7 @@ class UpdatePrivacy:
         for key, tensor in sent.items():
             if key in noisy:
                 value = start[key].double() + noisy[key]
-                if key.rsplit(".", 1)[-1] == "running_var":
+                if key in nonnegative:
                     value = value.clamp_min(0.0)
                 out[key] = value.to(tensor.dtype)
             else:

@@ -39,6 +39,7 @@ __all__ = [
     "resolve_site_data_dir",
     "site_data",
     "site_rows",
+    "split_data",
 ]
 
 
@@ -158,6 +159,13 @@ def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
         return SiteData(train=tensors("train"), val=tensors("val"), test=tensors("test"),
                         **groups)
     _, feats, split = _load_split(site, config)
+    return split_data(feats, split)
+
+
+def split_data(feats: SiteFeatures, split: Split) -> SiteData:
+    """Return one site's whole-series features cut into the splits' tensors."""
+    from fedbn_med.training.trainer import SiteData
+
     x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
     y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
 
