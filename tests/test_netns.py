@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fedbn_med.federation.config import ServerSettings, run_config
-from fedbn_med.federation.launcher import LocalFederation, free_port
+from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.spec import RunSpec
 
 from .stores import sqlite_store
@@ -105,9 +105,14 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
 
         rc = run_config(config, ServerSettings(
             workdir=tmp_path / "run", tracking_uri=sqlite_store(tmp_path / "mlflow.db"),
-            federation_id="netns", min_sites=1, round_timeout=6.0))
-        results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), on_event=on_event,
-                            timeout=600, results_dir=tmp_path / "run")
+            federation_id="netns", min_sites=1, round_timeout=12.0))
+        try:
+            results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"),
+                                on_event=on_event, timeout=600, results_dir=tmp_path / "run")
+        except FederationError as err:  # say what each site saw, to tell a stall from a cut
+            logs = "\n".join(f"--- site-{site}:\n{fed.log_tail(f'site-{site}', 30)}"
+                             for site in SITES)
+            raise AssertionError(f"{err}\n{logs}") from err
 
     assert "restored" in cut, "the cut showed as a round without UM"
     rounds = [e for e in events if e["event"] == "trained"]

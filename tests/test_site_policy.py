@@ -115,6 +115,31 @@ def test_a_state_file_round_trips_what_the_site_released(tmp_path):
     assert "did not train round 4" in again.score_refusal(4)
 
 
+def test_the_same_weights_asked_again_get_the_same_scores_and_others_none(tmp_path):
+    # A server that resumes after a crash asks again for the round whose reply it lost.
+    rt = _runtime(tmp_path)
+    rt.trained = {1}
+    shared = {k: v for k, v in rt.trainer.model.state_dict().items() if k not in rt.kept_keys}
+    sent = rt.score(shared, 1)
+    rt.save(1)
+    again = _runtime(tmp_path)
+    again.restore()
+    assert again.scores_again(shared, 1) == sent
+    assert again.scores == 1  # a score sent again is not a new one
+    crafted = {k: v + 0.5 for k, v in shared.items()}
+    assert again.scores_again(crafted, 1) is None
+    assert "already scored" in again.score_refusal(1)
+    assert again.scores_again(shared, 2) is None
+
+
+def test_a_bad_last_scored_entry_names_the_state_file(tmp_path):
+    rt = _runtime(tmp_path)
+    save_tensors(rt.state_path, {}, {"round": 1, "last_scored": {"weights": 3}})
+    with pytest.raises(ValueError, match="'last_scored' must be") as err:
+        rt.restore()
+    assert str(rt.state_path) in str(err.value)
+
+
 def test_scores_leave_at_bounded_precision():
     out = bounded({"test_loss": 1234.56789, "test_accuracy": 0.123456789, "x": float("nan")})
     assert out["test_loss"] == 100.0 and out["test_accuracy"] == 0.1235

@@ -15,7 +15,9 @@ back from the scores. A site therefore scores only models it can account for:
 - the aggregate of a round it took part in, once: in the next round's train message
   (``evaluate-first``, the very weights it then trains from) or in the final evaluate
   message of that round; never a round it did not train, nor one already scored (across
-  runs of the federation too: the last round scored is in its state file);
+  runs of the federation too: the last round scored is in its state file). Asked again
+  for the very weights it last scored (a server resumed after a crash that lost the
+  reply), it sends the same scores again: nothing new leaves the site;
 - at most ``max_scores_per_run`` scores per federation (its site file, default 500);
 - at bounded precision (:data:`SCORE_DECIMALS` decimals, losses capped at
   :data:`MAX_LOSS`);
@@ -77,6 +79,8 @@ class SiteRuntime:
     #: the last aggregate round it scored, and how many scores it sent (this federation)
     scored_through: int = 0
     scores: int = 0
+    #: the hash of the weights it last scored and the scores it sent for them
+    last_scored: tuple[str, dict[str, float]] | None = None
 
     @property
     def kept_keys(self) -> frozenset[str]:
@@ -100,6 +104,8 @@ class SiteRuntime:
         save_tensors(self.state_path, {**kept, **extra},
                      {"round": rnd, "site": self.trainer.site, **meta,
                       "scored_through": self.scored_through, "scores": self.scores,
+                      "last_scored": None if self.last_scored is None
+                      else {"weights": self.last_scored[0], "scores": self.last_scored[1]},
                       # the rounds it can vouch for after a restart (the latest few)
                       "trained": sorted(self.trained)[-_KEEP_TRAINED:]})
         return state_hash(kept)
@@ -112,6 +118,7 @@ class SiteRuntime:
         rnd, scored_through, scores = (_count(meta, key, self.state_path)
                                        for key in ("round", "scored_through", "scores"))
         _check_history(meta.get("dp_history"), self.state_path)
+        last_scored = _last_scored(meta.get("last_scored"), self.state_path)
         trained = meta.get("trained", [])
         if not isinstance(trained, list) or not all(
                 isinstance(r, int) and not isinstance(r, bool) and 0 < r <= rnd for r in trained):
@@ -124,6 +131,7 @@ class SiteRuntime:
         self.trainer.rounds_trained = rnd
         self.trained = set(trained) | ({rnd} if rnd > 0 else set())
         self.scored_through, self.scores = scored_through, scores
+        self.last_scored = last_scored
         logger.info("Site %s resumed its private state of round %d from %s",
                     self.trainer.site, rnd, self.state_path)
         return rnd
@@ -150,10 +158,24 @@ class SiteRuntime:
 
     def score(self, weights: dict, aggregate_round: int) -> dict[str, float]:
         """Score ``weights`` as the aggregate of ``aggregate_round``; count it; bound it."""
+        digest = state_hash(weights)
         scores = bounded(self.trainer.score(weights))
         self.scored_through = aggregate_round
         self.scores += 1
+        self.last_scored = (digest, scores)
         return scores
+
+    def scores_again(self, weights: dict, aggregate_round: int) -> dict[str, float] | None:
+        """Return the scores already sent for these very weights of ``aggregate_round``.
+
+        A server that crashed after the site scored a round, but before the reply reached
+        it, asks again for the same aggregate when it resumes; the site sends what it sent
+        then (not counted again: nothing new leaves it). Other weights get None.
+        """
+        if self.last_scored is None or aggregate_round != self.scored_through:
+            return None
+        digest, scores = self.last_scored
+        return dict(scores) if digest == state_hash(weights) else None
 
     def check_budget(self, rounds: int) -> None:
         """Refuse a run whose releases would take the site's epsilon above its ceiling."""
@@ -219,6 +241,20 @@ def _count(meta: dict[str, object], key: str, path: Path) -> int:
             "This is not a file the site wrote; move it away to start this federation's "
             "state afresh.")
     return value
+
+
+def _last_scored(value: object, path: Path) -> tuple[str, dict[str, float]] | None:
+    if value is None:
+        return None
+    ok = (isinstance(value, dict) and set(value) == {"weights", "scores"}
+          and isinstance(value["weights"], str) and isinstance(value["scores"], dict)
+          and all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                  for k, v in value["scores"].items()))
+    if not ok or not isinstance(value, dict):
+        raise ValueError(
+            f"Site state file {path}: 'last_scored' must be {{'weights': hash, 'scores': "
+            f"{{name: number}}}}, got {value!r}. This is not a file the site wrote.")
+    return value["weights"], {k: float(v) for k, v in value["scores"].items()}
 
 
 def _check_history(history: object, path: Path) -> None:
@@ -306,8 +342,11 @@ def train(msg: Message, context: Context) -> Message:
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation,
         # and the weights it now trains from.
-        refusal = rt.score_refusal(rnd - 1)
-        if refusal is None:
+        again = rt.scores_again(weights, rnd - 1)
+        refusal = None if again is not None else rt.score_refusal(rnd - 1)
+        if again is not None:
+            sections["eval"] = again
+        elif refusal is None:
             sections["eval"] = rt.score(weights, rnd - 1)
         else:
             logger.info("Round %d: no scores sent: %s", rnd, refusal)
@@ -339,6 +378,10 @@ def evaluate(msg: Message, context: Context) -> Message:
     if isinstance(rnd, bool) or not isinstance(rnd, int):
         raise ValueError(f"Site {rt.trainer.site} refuses an evaluate message whose round is "
                          f"{rnd!r}: expected the round of the model it carries.")
+    weights = split_controls(payload.tensors)[0]
+    again = rt.scores_again(weights, rnd)
+    if again is not None:
+        return Message(pack(metrics=_numbers(again)), reply_to=msg)
     refusal = rt.score_refusal(rnd)
     if refusal is not None and rt.trainer.privacy is not None:
         logger.info("Final evaluation: no scores sent: %s", refusal)
@@ -346,7 +389,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     if refusal is not None:
         raise PermissionError(_refused(f"Refused to score the model of an evaluate message: "
                                        f"{refusal}."))
-    metrics = rt.score(split_controls(payload.tensors)[0], rnd)
+    metrics = rt.score(weights, rnd)
     rt.save(rt.trainer.rounds_trained)
     return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
 
