@@ -18,6 +18,7 @@ corrected resampled-t interval, and the Kaplan-Meier median rounds.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -99,7 +100,9 @@ def _ratio() -> float:
 
 
 def _fmt(values: list[float], signed: bool = False) -> str:
-    return format_stats(*corrected_t_interval(values, _ratio()), scale=1.0, signed=signed)
+    # a number of rounds is never below 0 (a gap of rounds has no such bound)
+    return format_stats(*corrected_t_interval(values, _ratio()), scale=1.0, signed=signed,
+                        bounds=None if signed else (0.0, math.inf))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

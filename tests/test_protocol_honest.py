@@ -87,6 +87,18 @@ def test_best_round_is_the_lowest_validation_loss() -> None:
     assert best_round(no_loss) == 1
 
 
+def test_a_round_with_a_broken_validation_loss_at_one_site_is_never_selected(caplog) -> None:
+    rows = _rows(val_loss=[0.7, 0.3, 0.65, 0.6], val_acc=[0.5, 0.5, 0.5, 0.5])
+    rows[3]["val_loss"] = math.nan  # round 2 at site B: the mean over A alone would win
+    with caplog.at_level("WARNING", logger="fedbn_med.evaluation.comparison"):
+        assert best_round(rows) == 4
+    assert "round 2, sites B" in caplog.text
+    every = [{**r, "val_loss": math.inf} for r in rows]
+    with caplog.at_level("WARNING", logger="fedbn_med.evaluation.comparison"):
+        assert best_round(every) == 1  # then validation accuracy, the earliest on ties
+    assert "selecting by validation accuracy instead" in caplog.text
+
+
 # -- reference rows --------------------------------------------------------------------------
 def _prepared(fd: np.ndarray, labels: np.ndarray, seed: int = 0) -> PreparedSite:
     split = site_splits(labels, seed=seed)

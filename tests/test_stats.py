@@ -169,3 +169,20 @@ def test_wilson_interval_equals_scipys(successes: int, n: int) -> None:
     assert wilson_interval(successes, n) == pytest.approx((want.low, want.high), abs=1e-12)
     # a rate times n that is whole only up to rounding is taken as the count
     assert wilson_interval(successes / n * n, n) == pytest.approx((want.low, want.high))
+
+
+def test_a_t_interval_is_shown_within_what_the_figure_can_be() -> None:
+    from fedbn_med.evaluation.tables import format_stats
+
+    # three cells: the corrected t-interval of a rate passes 0 and 100 %
+    mean, low, high = corrected_t_interval([0.2, 0.9, 0.95], 0.25)
+    assert low < 0 and high > 1
+    assert format_stats(mean, low, high) == f"{100 * mean:.1f} [0.0, 100.0]"
+    gap = corrected_t_interval([-0.6, 0.9, 0.1], 0.25)
+    assert gap[1] < -1 and gap[2] > 1
+    assert format_stats(*gap, signed=True).endswith("[-100.0, +100.0]")
+    # a bound inside the range is left as it is; other scales are not clipped by default
+    assert format_stats(0.5, 0.4, 0.6) == "50.0 [40.0, 60.0]"
+    assert format_stats(10.0, -3.0, 23.0, scale=1.0) == "10.0 [-3.0, 23.0]"
+    assert format_stats(10.0, -3.0, 23.0, scale=1.0, bounds=(0.0, math.inf)) == \
+        "10.0 [0.0, 23.0]"

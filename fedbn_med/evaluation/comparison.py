@@ -39,6 +39,7 @@ figures. The rest of the protocol lives beside it:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ import numpy as np
 from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
 from fedbn_med.evaluation.pairing import paired_differences
 from fedbn_med.tasks import Selection
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "Cell", "Comparison",
@@ -91,21 +94,38 @@ def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss", *,
     Returns
     -------
     int
-        The best round, the earliest on ties. Rows without a validation loss fall back to
-        the validation accuracy; a run without validation scores (no site has a
-        validation split) to its last round.
+        The best round, the earliest on ties. A round in which some site's validation
+        score is NaN or infinite (its model broke there) is never selected, and a warning
+        names the sites. Rows without a validation loss fall back to the validation
+        accuracy; a run without validation scores (no site has a validation split) to
+        its last round.
     """
     rounds = sorted({int(r["round"]) for r in rows})  # type: ignore[call-overload]
     if not rounds:
         raise ValueError("A run with no rounds has no best round.")
     lower = metric == "loss" if lower is None else lower
     sign = -1.0 if lower else 1.0
+    key = f"val_{metric}"
     best, best_value = rounds[-1], -math.inf
+    broken: dict[int, list[str]] = {}
     for rnd in rounds:
-        value = sign * _mean_over_sites(rows, rnd, f"val_{metric}")
+        bad = sorted(site for site, r in _site_rows(rows, rnd).items()
+                     if key in r and not math.isfinite(float(r[key])))
+        if bad:
+            broken[rnd] = bad
+            continue
+        value = sign * _mean_over_sites(rows, rnd, key)
         if math.isfinite(value) and value > best_value:
             best, best_value = rnd, value
+    if broken:
+        first = min(broken)
+        logger.warning("%s of NaN or infinity in %d of %d rounds (first: round %d, sites "
+                       "%s): those rounds cannot be selected.", key, len(broken), len(rounds),
+                       first, ", ".join(broken[first]))
     if metric == "loss" and best_value == -math.inf:
+        if broken:
+            logger.warning("No round has a finite %s at every site: selecting by validation "
+                           "accuracy instead.", key)
         return best_round(rows, "accuracy")
     return best
 

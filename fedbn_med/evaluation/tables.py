@@ -120,13 +120,22 @@ def _interval_text(low: float, high: float) -> str:
 
 
 def format_stats(mean: float, low: float, high: float, *, scale: float = 100.0,
-                 digits: int = 1, signed: bool = False) -> str:
+                 digits: int = 1, signed: bool = False,
+                 bounds: tuple[float, float] | None | str = "rate") -> str:
     """Format ``mean [low, high]`` (times ``scale``: percent by default).
 
     Without bounds (one value) only the mean is written; without a mean, ``n/a``.
+    A t-interval is symmetric and, with few cells, can reach past what the figure can
+    be; its bounds are clipped to ``bounds`` (unscaled). The default ``"rate"`` means
+    [0, 1] for a rate and [-1, 1] for a difference of rates (``signed``) when ``scale``
+    is 100, and no clipping otherwise; None never clips.
     """
     if not math.isfinite(mean):
         return "n/a"
+    if bounds == "rate":
+        bounds = ((-1.0, 1.0) if signed else (0.0, 1.0)) if scale == 100.0 else None
+    if isinstance(bounds, tuple):
+        low, high = max(low, bounds[0]), min(high, bounds[1])
     spec = f"{'+' if signed else ''}.{digits}f"
     if not (math.isfinite(low) and math.isfinite(high)):
         return f"{scale * mean:{spec}}"
