@@ -199,32 +199,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed,
                             data_dir=args.data_dir, device=args.device)
     sweep = Sweep(bench, base, args.groups)
+    bench.real_groups = sweep.groups  # published as one table over both groups
     axes = {axis: _default_of(axis, values, sweep) for axis, values in grid.items()}
     defaults = {axis: next(v for v in values if sweep.config(v) == "default" and v.at == "best")
                 for axis, values in axes.items()}
     sweep.run_all([v for values in axes.values() for v in values], NAME)
 
     groups = list(sweep.groups)
-    summaries = {(v.label, g): sweep.summary(v, g) for values in axes.values()
+    # keyed by axis too: two axes may share a label (weight decay 0, dropout 0)
+    summaries = {(axis, v.label, g): sweep.summary(v, g) for axis, values in axes.items()
                  for v in values for g in groups}
-    chosen = {axis: choose(axis, values, defaults[axis], summaries, groups)
+    chosen = {axis: choose(axis, values, defaults[axis],
+                           {(v.label, g): summaries[(axis, v.label, g)]
+                            for v in values for g in groups}, groups)
               for axis, values in axes.items()}
     combined = None if args.no_confirm else _combined(chosen, defaults)
     rows_of = [(axis, v) for axis, values in axes.items() for v in values]
     if combined is not None:
         sweep.run_all([combined], f"{NAME} (combined)")
-        summaries.update({(combined.label, g): sweep.summary(combined, g) for g in groups})
+        summaries.update({("combined", combined.label, g): sweep.summary(combined, g)
+                          for g in groups})
         rows_of.append(("combined", combined))
 
     body, csv_rows, metrics = [], [], {}
+    confirmed = True
     for axis, v in rows_of:
-        per = [summaries[(v.label, g)] for g in groups]
+        per = [summaries[(axis, v.label, g)] for g in groups]
         tests = {m: combine_intervals([s.test[m] for s in per])
                  for m in ("test_balanced_accuracy", "test_auc")}
         if axis == "combined":
             default = [sweep.summary(Value("", ""), g).val[CRITERION] for g in groups]
-            beats = all(s.val[CRITERION] > d for s, d in zip(per, default))
-            mark = (f"confirmation: {'beats' if beats else 'does not beat'} the default "
+            confirmed = all(s.val[CRITERION] > d for s, d in zip(per, default))
+            mark = (f"confirmation: {'beats' if confirmed else 'does not beat'} the default "
                     "in every group")
         else:
             value, why = chosen[axis]
@@ -262,11 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{_describe(base)}.")
     for axis, (value, why) in chosen.items():
         notes += f"\n- {axis}: {value.label} ({why})"
+    if not confirmed:
+        notes += ("\nThe changed values together do not beat the default in every group: "
+                  "each passes alone, their combination is not confirmed.")
 
     def plot(path: Path) -> Path:
         labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]
-        series = {f"group {g}": ([100 * summaries[(v.label, g)].val[CRITERION]
-                                  for _, v in rows_of], [0.0] * len(rows_of))
+        series = {f"group {g}": ([100 * summaries[(a, v.label, g)].val[CRITERION]
+                                  for a, v in rows_of], [0.0] * len(rows_of))
                   for g in groups}
         return bar_plot(path, labels, series, ylabel="validation AUC (%)",
                         title=f"defaults sweep: {CRITERION} at the selected round")

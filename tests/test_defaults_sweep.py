@@ -81,6 +81,34 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     assert "defaults_sweep: 0 runs" in capsys.readouterr().out
 
 
+def test_axes_sharing_a_label_keep_their_own_rows_and_the_groups_are_published(
+        sweep: ModuleType, benchmark_module: Callable[[str], ModuleType], release: Path,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    published = benchmark_module("_published")
+    monkeypatch.setattr(published, "PUBLISHED_DIR", tmp_path / "published")
+    monkeypatch.setattr(published, "rewrite_readme", lambda *a, **k: True)
+    argv = ["--quick", "--data-dir", str(release), "--groups", GROUPS, "--axes",
+            "weight decay,dropout", "--no-confirm", "--out", str(tmp_path / "out"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--publish"]
+    assert sweep.main(argv) == 0
+    with open(tmp_path / "out" / "table.csv", newline="", encoding="utf-8") as handle:
+        rows = {(r["axis"], r["value"]): r for r in csv.DictReader(handle)}
+    figures = [k for k in rows[("weight decay", "0")] if k.startswith(("val_", "test_"))]
+    # weight decay 0 and dropout 0.5 are both the default: the same runs, the same figures;
+    # "weight decay 0" is not given the figures of "dropout 0" (a different setting)
+    assert all(rows[("weight decay", "0")][k] == rows[("dropout", "0.5")][k] for k in figures)
+    with open(tmp_path / "out" / "cells.csv", newline="", encoding="utf-8") as handle:
+        cells = {(c["group"], c["config"]): c for c in csv.DictReader(handle)}
+    assert rows[("dropout", "0")]["val_auc_A"] == cells[("A", "dropout=0.0")]["val_auc_best"]
+    # the published data are the two groups run, not the task's default sites
+    meta = json.loads((tmp_path / "published" / "defaults_sweep-real" / "meta.json")
+                      .read_text(encoding="utf-8"))
+    assert "group A PITT, YALE" in meta["data"] and "group B KKI, TRINITY" in meta["data"]
+    assert "NYU" not in meta["data"]
+
+
 def _summary(auc: float) -> object:
     from _sweep_grid import Summary
 

@@ -46,14 +46,14 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def classification_metrics(
     labels: np.ndarray, prob_positive: np.ndarray, loss: float, *,
-    majority: int | None = None,
+    majority: int | None = None, threshold: float = 0.5,
 ) -> dict[str, float]:
     """Return accuracy, balanced accuracy, ROC AUC, F1 and loss for binary predictions.
 
     AUC is NaN when the labels hold a single class (it is undefined there); balanced
     accuracy averages the recall of the classes present in ``labels``. With them come
     ``n`` (the subjects scored) and ``positive_rate`` (the share predicted positive,
-    at the 0.5 threshold accuracy uses).
+    at the threshold accuracy uses).
 
     Parameters
     ----------
@@ -64,6 +64,9 @@ def classification_metrics(
     majority : {0, 1}, optional
         The majority class of the training split: adds ``majority_rate``, the accuracy of
         a predictor that always says that class (the share of ``labels`` equal to it).
+    threshold : float, default=0.5
+        A subject is predicted positive when its probability is at least this (AUC does
+        not depend on it).
     """
     labels = np.asarray(labels)
     prob_positive = np.asarray(prob_positive, dtype=np.float64)
@@ -73,7 +76,9 @@ def classification_metrics(
         raise ValueError(f"Labels of shape {labels.shape} and scores of shape "
                          f"{prob_positive.shape} do not match.")
     truth = labels == 1
-    pred = prob_positive >= 0.5
+    if not (math.isfinite(threshold) and 0.0 <= threshold <= 1.0):
+        raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}.")
+    pred = prob_positive >= threshold
     tp = int(np.sum(pred & truth))
     fp = int(np.sum(pred & ~truth))
     fn = int(np.sum(~pred & truth))

@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.tasks import Selection
 
-__all__ = ["BinaryClassification", "Objective", "ShapeMismatchError", "binary_scores"]
+__all__ = ["THRESHOLDS", "BinaryClassification", "Objective", "ShapeMismatchError",
+           "binary_scores", "prior_threshold"]
+
+#: How a binary objective turns probabilities into predicted classes: at 0.5, or at the
+#: site's own training prevalence (:func:`prior_threshold`).
+THRESHOLDS = ("0.5", "site_prior")
 
 #: ``seeds(*labels)``: a seed derived from the run's seed, the site and the round.
 Seeds = Callable[..., int]
@@ -68,9 +74,37 @@ class Objective:
 
 
 @torch.no_grad()
+def _logits(model: nn.Module, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Return the model's logits of ``x`` (CPU), in eval mode, computed in chunks of 512."""
+    model.eval()
+    return torch.cat([model(x[s:s + 512].to(device)).cpu() for s in range(0, x.shape[0], 512)])
+
+
+@torch.no_grad()
+def prior_threshold(model: nn.Module, data: Any, device: torch.device) -> float:
+    """Return the threshold that predicts the site's training prevalence.
+
+    At it, the site's training rows are predicted positive as often as they are. The
+    model scores the site's own training split (in eval mode: with the BN statistics it
+    is scored with), and the threshold is the ``1 - prevalence`` quantile of those
+    probabilities. It is the site's own, like its BN layers: it shifts with the site's
+    scores, so a site whose probabilities all lie on one side of 0.5 is not scored as one
+    class. 0.5 when the split is empty or holds one class.
+    """
+    x, y = data.train
+    if x.shape[0] == 0:
+        return 0.5
+    prevalence = float(y.double().mean())
+    if not 0.0 < prevalence < 1.0:
+        return 0.5
+    prob = torch.softmax(_logits(model, x, device).double(), dim=1)[:, 1].numpy()
+    return float(np.quantile(prob, 1.0 - prevalence))
+
+
+@torch.no_grad()
 def binary_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
-                  groups: torch.Tensor | None = None, majority: int | None = None
-                  ) -> dict[str, float]:
+                  groups: torch.Tensor | None = None, majority: int | None = None,
+                  threshold: float = 0.5) -> dict[str, float]:
     """Return the binary classification metrics of ``model`` on ``(x, y)``.
 
     Parameters
@@ -86,18 +120,20 @@ def binary_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: to
         subject is scored once, by the mean of its rows' probabilities.
     majority : int, optional
         The training split's majority class, for the majority-class rate.
+    threshold : float, default=0.5
+        The probability from which a subject is predicted positive.
 
     Returns
     -------
     dict of str to float
         :func:`fedbn_med.evaluation.metrics.classification_metrics` of the split.
     """
-    model.eval()
-    logits = torch.cat([model(x[s:s + 512].to(device)).cpu() for s in range(0, x.shape[0], 512)])
+    logits = _logits(model, x, device)
     if groups is None:
         loss = float(nn.functional.cross_entropy(logits, y))
         prob = torch.softmax(logits, dim=1)[:, 1].numpy()
-        return classification_metrics(y.numpy(), prob, loss, majority=majority)
+        return classification_metrics(y.numpy(), prob, loss, majority=majority,
+                                      threshold=threshold)
     # One score per subject: the mean of its rows' (windows') probabilities.
     _, inverse = torch.unique(groups, return_inverse=True)
     n = int(inverse.max()) + 1
@@ -106,7 +142,8 @@ def binary_scores(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: to
     probs /= torch.bincount(inverse, minlength=n).unsqueeze(1)
     labels = torch.zeros(n, dtype=torch.int64).scatter_(0, inverse, y)
     loss = float(nn.functional.nll_loss(torch.log(probs.clamp_min(1e-12)), labels))
-    return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss, majority=majority)
+    return classification_metrics(labels.numpy(), probs[:, 1].numpy(), loss, majority=majority,
+                                  threshold=threshold)
 
 
 class BinaryClassification(Objective):
@@ -115,7 +152,20 @@ class BinaryClassification(Objective):
     The data are a :class:`~fedbn_med.training.trainer.SiteData`. Training batches are
     drawn from a generator seeded per site and round; BN statistics come from the training
     split in its order. A split with ``<split>_groups`` is scored per subject.
+
+    Parameters
+    ----------
+    threshold : {"0.5", "site_prior"}
+        Where a probability becomes a positive prediction: at 0.5, or at the site's own
+        training prevalence (:func:`prior_threshold`, computed each time a model is
+        scored). AUC and the loss do not depend on it.
     """
+
+    def __init__(self, threshold: str = "0.5") -> None:
+        if threshold not in THRESHOLDS:
+            raise ValueError(f"threshold must be one of {', '.join(THRESHOLDS)}, got "
+                             f"{threshold!r}.")
+        self.threshold = threshold
 
     def check(self, site: str, model: nn.Module, data: Any) -> None:
         """Check feature counts, label counts and finiteness of every split."""
@@ -165,8 +215,10 @@ class BinaryClassification(Objective):
         x, y = getattr(data, split)
         if x.shape[0] == 0:
             return {}
+        threshold = prior_threshold(model, data, device) if self.threshold == "site_prior" \
+            else 0.5
         return binary_scores(model, x, y, device, getattr(data, f"{split}_groups"),
-                             majority=_train_majority(data))
+                             majority=_train_majority(data), threshold=threshold)
 
 
 def _train_majority(data: Any) -> int | None:

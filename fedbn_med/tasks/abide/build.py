@@ -188,6 +188,7 @@ def build_trainer(
 ) -> SiteTrainer:
     """Build the trainer of one site for this run."""
     from fedbn_med.fl.privacy import resolve_privacy
+    from fedbn_med.training.objective import BinaryClassification
     from fedbn_med.training.trainer import SiteTrainer
 
     # The site's own file may demand more noise than the run: checked before any data load.
@@ -202,6 +203,7 @@ def build_trainer(
                                             else site.device), privacy=privacy,
         bn_init=config.bn_init, threads=config.threads,
         optimiser=config.settings.optimizer, weight_decay=config.settings.weight_decay,
+        objective=BinaryClassification(threshold=config.settings.threshold),
     )
 
 
@@ -240,6 +242,7 @@ def build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideML
 
 def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTrainer:
     """Return one trainer over every site's training data (the Centralized baseline)."""
+    from fedbn_med.training.objective import BinaryClassification
     from fedbn_med.training.trainer import SiteTrainer
 
     datas = [t.data for t in trainers.values()]
@@ -249,6 +252,7 @@ def build_pooled(trainers: Mapping[str, SiteTrainer], config: RunSpec) -> SiteTr
         local_epochs=config.local_epochs, seed=config.seed, device=config.device,
         bn_init=config.bn_init, threads=config.threads,
         optimiser=config.settings.optimizer, weight_decay=config.settings.weight_decay,
+        objective=BinaryClassification(threshold=config.settings.threshold),
     )
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = ["COHORT_VERSION", "COMPARE", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
-           "HARMONIZERS", "NUM_FEATURES", "OPTIMIZERS", "Settings"]
+           "HARMONIZERS", "NUM_FEATURES", "OPTIMIZERS", "THRESHOLDS", "Settings"]
 
 #: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
 #: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
@@ -47,6 +47,8 @@ FEATURE_TRANSFORMS = HARMONIZERS[1:]
 #: Local optimisers (the same names as :data:`fedbn_med.training.trainer.OPTIMISERS`; this module
 #: stays free of torch).
 OPTIMIZERS = ("sgd", "adam")
+#: Decision thresholds: fedbn_med.training.objective.THRESHOLDS, written out (no torch here).
+THRESHOLDS = ("0.5", "site_prior")
 
 #: The engine a pipeline uses unless ``--engine`` says otherwise.
 ENGINE = "flower"
@@ -80,6 +82,11 @@ class Settings:
         ``"sgd"`` (the FedBN paper) or ``"adam"`` (the published ABIDE code, lr 1e-5).
     weight_decay : float
         L2 penalty of the local optimiser (the published ABIDE code: 5e-2).
+    threshold : str
+        Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
+        site's own threshold at which its training subjects are predicted positive as
+        often as they are (:func:`fedbn_med.training.objective.prior_threshold`). AUC
+        does not depend on it.
     """
 
     task: ClassVar[str] = "abide"
@@ -90,13 +97,15 @@ class Settings:
     window_step: int = 1
     optimizer: str = "sgd"
     weight_decay: float = 0.0
+    threshold: str = "0.5"
 
     def __post_init__(self) -> None:
         value = self.site_effect
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
-        for name, valid in (("harmonize", HARMONIZERS), ("optimizer", OPTIMIZERS)):
+        for name, valid in (("harmonize", HARMONIZERS), ("optimizer", OPTIMIZERS),
+                            ("threshold", THRESHOLDS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
                                  f"{getattr(self, name)!r}.")
@@ -120,7 +129,8 @@ class Settings:
         return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION,
                 "harmonize": self.harmonize, "fd_regression": self.fd_regression,
                 "windows": self.windows, "window_step": self.window_step,
-                "optimizer": self.optimizer, "weight_decay": self.weight_decay}
+                "optimizer": self.optimizer, "weight_decay": self.weight_decay,
+                "threshold": self.threshold}
 
     def input_shape(self) -> tuple[int, ...]:
         """Return ``(6105,)``: one connectivity vector per subject."""
