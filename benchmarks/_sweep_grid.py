@@ -60,6 +60,7 @@ AXES: dict[str, tuple[Value, ...]] = {
     "optimiser": (
         _v("optimiser", "SGD lr 1e-2", optimizer="sgd", lr=1e-2),
         _v("optimiser", "SGD lr 3e-3", optimizer="sgd", lr=3e-3),
+        _v("optimiser", "SGD lr 1e-3", optimizer="sgd", lr=1e-3),
         _v("optimiser", "SGD lr 3e-2", optimizer="sgd", lr=3e-2),
         _v("optimiser", "Adam lr 1e-4", optimizer="adam", lr=1e-4),
         _v("optimiser", "Adam lr 1e-3", optimizer="adam", lr=1e-3),
@@ -97,7 +98,8 @@ AXES: dict[str, tuple[Value, ...]] = {
 
 #: ``--quick``: two values of three axes.
 QUICK_AXES: dict[str, tuple[Value, ...]] = {
-    "optimiser": (AXES["optimiser"][0], AXES["optimiser"][4]),
+    "optimiser": tuple(v for v in AXES["optimiser"]
+                       if v.label in ("SGD lr 3e-3", "Adam lr 1e-3")),
     "stopping rule": AXES["stopping rule"],
     "features": AXES["features"][:2],
 }

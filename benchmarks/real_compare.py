@@ -57,8 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                weighting=args.weighting)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
-    notes = (f"Sites {', '.join(sites)} from {data}; SGD lr 0.01, batch 32, one local "
-             f"epoch per round, weighting {args.weighting}.")
+    spec = next(iter(specs.values()))
+    notes = (f"Sites {', '.join(sites)} from {data}; {spec.settings.optimizer.upper()} lr "
+             f"{spec.lr:g}, batch {spec.batch_size}, {spec.local_epochs} local epoch(s) per "
+             f"round, dropout {spec.dropout:g}, weighting {args.weighting}.")
     return publish_site_comparison(
         bench, specs, sites, notes=notes,
         title=f"ABIDE {', '.join(sites)}: {args.rounds} rounds, {len(bench.cells)} cells")

@@ -146,7 +146,7 @@ class RunSpec:
     rounds: int = 100
     local_epochs: int = 1
     batch_size: int = 32
-    lr: float = 1e-2
+    lr: float = 3e-3
     dropout: float = 0.5
     seed: int = 0
     fold: int = 0

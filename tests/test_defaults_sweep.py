@@ -52,7 +52,7 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     body = _rows((out / "table.md").read_text(encoding="utf-8"))
     # every value of the quick grid, each axis with exactly one chosen value
     assert [(r[0], r[1]) for r in body if r[0] != "combined"] == [
-        ("optimiser", "SGD lr 1e-2"), ("optimiser", "Adam lr 1e-3"),
+        ("optimiser", "SGD lr 3e-3"), ("optimiser", "Adam lr 1e-3"),
         ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
         ("features", "whole series"), ("features", "per-site z")]
     for axis in ("optimiser", "stopping rule", "features"):
