@@ -83,6 +83,8 @@ def environment() -> dict[str, object]:
 
     Long training runs amplify last-bit differences, so the same command on another
     version of numpy or torch may give other numbers; ``constraints.txt`` pins them.
+    Tables made with the very same versions on two machines have also differed in later
+    rounds, so the CPU's model and a digest of its feature flags are recorded too.
     """
     import platform
     from importlib import metadata
@@ -96,7 +98,28 @@ def environment() -> dict[str, object]:
         except metadata.PackageNotFoundError:
             versions[package] = "absent"
     return {"python": platform.python_version(), "machine": platform.machine(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "packages": versions}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), **_cpu(),
+            "packages": versions}
+
+
+def _cpu() -> dict[str, str]:
+    """Return the CPU's model name and a short digest of its feature flags (Linux)."""
+    import hashlib
+    import platform
+
+    model, flags = platform.processor() or "unknown", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("unknown", platform.machine()):
+                    model = value.strip()
+                elif key.strip() in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else "unknown"
+    return {"cpu_model": model, "cpu_flags_sha256": digest}
 
 
 def _command(name: str, argv: Sequence[str]) -> str:

@@ -81,6 +81,7 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
 
     assert meta["environment"]["packages"]["numpy"] == np.__version__
     assert meta["environment"]["cpu_capability"]
+    assert meta["environment"]["cpu_model"] and meta["environment"]["cpu_flags_sha256"]
     assert tables.problems(text) == []
 
     # A number typed into the README by hand.
