@@ -61,6 +61,34 @@ def _groups(text: str) -> tuple[tuple[str, ...], ...]:
     return groups
 
 
+def add_groups_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--groups`` (default :data:`GROUPS` with ``--data-dir``, else the cohort's sites)."""
+    parser.add_argument("--groups", type=_groups, default=None,
+                        help="federations, sites comma-separated, groups split by '/' "
+                             "(default with --data-dir: " + "/".join(",".join(g) for g in GROUPS)
+                             + "; on the built-in cohort its four sites)")
+
+
+def resolve_groups(bench: Benchmark, base: Any) -> dict[str, tuple[str, ...]]:
+    """Return ``{"A": sites, ...}`` of ``--groups`` (see :func:`add_groups_option`).
+
+    Every site must have a file in ``sites/``; the groups become the benchmark's
+    published data (``bench.real_groups``).
+    """
+    from fedbn_med.tasks.abide.sites import load_sites
+
+    args = bench.args
+    groups_arg = args.groups or (GROUPS if args.data_dir is not None else (base.sites,))
+    for group in groups_arg:
+        try:
+            load_sites(list(group))
+        except ValueError as err:
+            bench.parser.error(f"--groups: {err}")
+    groups = {chr(ord("A") + i): tuple(g) for i, g in enumerate(groups_arg)}
+    bench.real_groups = groups
+    return groups
+
+
 def _axes(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [n for n in names if n not in AXES]

@@ -37,7 +37,7 @@ from _common import (
 )
 from _plots import bar_plot
 from _sweep import corrected
-from defaults_sweep import GROUPS, _groups
+from defaults_sweep import add_groups_option, resolve_groups
 
 NAME = "stopping_rule"
 #: The default rule first; a fixed-rounds rule reports round R of the run.
@@ -121,31 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__.splitlines()[0],
                          full=Budget(rounds=200, folds=5, seeds=1),
                          quick=Budget(rounds=4, folds=1, seeds=1))
-    parser.add_argument("--groups", type=_groups, default=None,
-                        help="federations, sites comma-separated, groups split by '/' "
-                             "(default with --data-dir: " + "/".join(",".join(g) for g in GROUPS)
-                             + "; on the built-in cohort its four sites)")
+    add_groups_option(parser)
     parser.add_argument("--inner-folds", type=positive_int, default=None,
                         help="inner folds of each outer training part (default 4; 2 with "
                              "--quick)")
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.spec import RunSpec
-    from fedbn_med.tasks.abide.sites import load_sites
 
     inner_folds = args.inner_folds or (2 if args.quick else 4)
     if inner_folds < 2:
         parser.error(f"--inner-folds must be at least 2, got {inner_folds}")
     base = RunSpec.for_task("abide", rounds=args.rounds, data_dir=args.data_dir,
                             device=args.device)
-    groups_arg = args.groups or (GROUPS if args.data_dir is not None else (base.sites,))
-    for group in groups_arg:
-        try:
-            load_sites(list(group))
-        except ValueError as err:
-            parser.error(f"--groups: {err}")
-    groups = {chr(ord("A") + i): g for i, g in enumerate(groups_arg)}
-    bench.real_groups = groups  # published as one table over every group
+    groups = resolve_groups(bench, base)  # published as one table over every group
     table_rules = rules(args.rounds)
     names = list(table_rules)
     grid = [(g, fold, seed, inner) for g in groups for fold, seed in bench.cells

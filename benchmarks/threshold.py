@@ -25,7 +25,7 @@ import numpy as np
 from _common import Benchmark, Budget, make_parser, markdown_table, run
 from _plots import bar_plot
 from _sweep import corrected
-from defaults_sweep import GROUPS, _groups
+from defaults_sweep import add_groups_option, resolve_groups
 
 NAME = "threshold"
 #: The default first.
@@ -55,26 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__.splitlines()[0],
                          full=Budget(rounds=100, folds=5, seeds=1),
                          quick=Budget(rounds=3, folds=1, seeds=1))
-    parser.add_argument("--groups", type=_groups, default=None,
-                        help="federations, sites comma-separated, groups split by '/' "
-                             "(default with --data-dir: " + "/".join(",".join(g) for g in GROUPS)
-                             + "; on the built-in cohort its four sites)")
+    add_groups_option(parser)
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.evaluation.comparison import best_round
     from fedbn_med.spec import RunSpec
-    from fedbn_med.tasks.abide.sites import load_sites
 
     base = RunSpec.for_task("abide", rounds=args.rounds, data_dir=args.data_dir,
                             device=args.device)
-    groups_arg = args.groups or (GROUPS if args.data_dir is not None else (base.sites,))
-    for group in groups_arg:
-        try:
-            load_sites(list(group))
-        except ValueError as err:
-            parser.error(f"--groups: {err}")
-    groups = {chr(ord("A") + i): g for i, g in enumerate(groups_arg)}
-    bench.real_groups = groups
+    groups = resolve_groups(bench, base)  # published as one table over every group
     grid = [(g, fold, seed, t) for g in groups for fold, seed in bench.cells
             for t in THRESHOLDS]
     # (threshold, group) -> one {key: site mean} per cell; and every (cell, site) score
