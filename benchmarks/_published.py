@@ -107,19 +107,18 @@ def _cpu() -> dict[str, str]:
     import hashlib
     import platform
 
-    model, flags = platform.processor() or "unknown", ""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and model in ("unknown", platform.machine()):
-                    model = value.strip()
-                elif key.strip() in ("flags", "Features") and not flags:
-                    flags = " ".join(sorted(value.split()))
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    digest = hashlib.sha256(flags.encode()).hexdigest()[:12] if flags else "unknown"
-    return {"cpu_model": model, "cpu_flags_sha256": digest}
+    flags = " ".join(sorted((info.get("flags") or info.get("Features") or "").split()))
+    return {"cpu_model": info.get("model name") or platform.processor() or "unknown",
+            "cpu_flags_sha256": (hashlib.sha256(flags.encode()).hexdigest()[:12]
+                                 if flags else "unknown")}
 
 
 def _command(name: str, argv: Sequence[str]) -> str:

@@ -215,19 +215,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.spec import RunSpec
-    from fedbn_med.tasks.abide.sites import load_sites
 
-    for group in args.groups:
-        try:
-            load_sites(list(group))
-        except ValueError as err:
-            parser.error(f"--groups: {err}")
     grid = QUICK_AXES if args.quick and args.axes is None else {
         a: AXES[a] for a in (args.axes or AXES)}
     base = RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed,
                             data_dir=args.data_dir, device=args.device)
-    sweep = Sweep(bench, base, args.groups)
-    bench.real_groups = sweep.groups  # published as one table over both groups
+    # published as one table over both groups
+    sweep = Sweep(bench, base, list(resolve_groups(bench, base).values()))
     axes = {axis: _default_of(axis, values, sweep) for axis, values in grid.items()}
     defaults = {axis: next(v for v in values if sweep.config(v) == "default" and v.at == "best")
                 for axis, values in axes.items()}

@@ -59,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.evaluation.comparison import best_round
+    from fedbn_med.evaluation.tables import format_stats
     from fedbn_med.spec import RunSpec
 
     base = RunSpec.for_task("abide", rounds=args.rounds, data_dir=args.data_dir,
@@ -94,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for g in groups:
             bal = corrected([c["test_balanced_accuracy"] for c in cells[(t, g)]])
             one = float(np.nanmean([s["test_one_class"] for s in sites[(t, g)]]))
-            out += [f"{100 * crit[(t, g)]:.1f}", _pct(bal),
+            out += [f"{100 * crit[(t, g)]:.1f}", format_stats(*bal),
                     f"{100 * mean(t, g, 'test_auc'):.1f}", f"{100 * one:.0f}"]
             row.update({f"val_balanced_accuracy_{g}": round(crit[(t, g)], 6),
                         f"test_balanced_accuracy_{g}": round(bal[0], 6),
@@ -140,12 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                   protocol="each run at its best-validation-loss round; threshold chosen on "
                            "validation balanced accuracy")
     return 0
-
-
-def _pct(stats: tuple[float, float, float]) -> str:
-    from fedbn_med.evaluation.tables import format_stats
-
-    return format_stats(*stats)
 
 
 if __name__ == "__main__":

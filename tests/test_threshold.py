@@ -80,6 +80,11 @@ def test_an_unknown_threshold_is_refused_with_the_valid_ones() -> None:
     spec = RunSpec.for_task("abide", threshold="site_prior")
     assert spec.settings.threshold == "site_prior"
     assert spec.settings.log_params()["threshold"] == "site_prior"
+    # the task's torch-free copy of the names is the objective's
+    from fedbn_med.tasks.abide.settings import THRESHOLDS as TASK_THRESHOLDS
+    from fedbn_med.training.objective import THRESHOLDS
+
+    assert TASK_THRESHOLDS == THRESHOLDS
 
 
 def test_the_run_scores_every_site_at_its_own_threshold() -> None:
