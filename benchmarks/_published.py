@@ -83,13 +83,16 @@ def environment() -> dict[str, object]:
 
     Long training runs amplify last-bit differences, so the same command on another
     version of numpy or torch may give other numbers; ``constraints.txt`` pins them.
-    Tables made with the very same versions on two machines have also differed in later
-    rounds, so the CPU's model and a digest of its feature flags are recorded too.
+    The same versions on an AVX-512 and an AVX2 machine gave other numbers too, until
+    the libraries' code path was pinned (:mod:`fedbn_med.numerics`, recorded under
+    ``numerics``); the CPU's model and a digest of its feature flags are recorded as well.
     """
     import platform
     from importlib import metadata
 
     import torch
+
+    from fedbn_med.numerics import describe
 
     versions = {}
     for package in NUMERIC_STACK:
@@ -99,7 +102,7 @@ def environment() -> dict[str, object]:
             versions[package] = "absent"
     return {"python": platform.python_version(), "machine": platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), **_cpu(),
-            "packages": versions}
+            "numerics": describe(), "packages": versions}
 
 
 def _cpu() -> dict[str, str]:

@@ -9,6 +9,9 @@ setting trains for the same number of rounds, so smaller shares also take fewer 
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path

@@ -16,6 +16,9 @@ first fold as the pipeline prints it.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import time
 from collections.abc import Sequence

@@ -24,6 +24,9 @@ machine's load during the run, and rewrites the README block.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import math
 import multiprocessing as mp

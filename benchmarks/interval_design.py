@@ -28,6 +28,9 @@ is rough: run that design to confirm it.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import math
 from collections.abc import Sequence

@@ -24,6 +24,9 @@ MLflow experiment ``abide-onboarding``.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import csv
 import io

@@ -10,6 +10,9 @@ communication frequency changes.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 from collections.abc import Sequence
 from pathlib import Path

@@ -21,6 +21,9 @@ Example (real data, modest)::
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import csv
 import logging

@@ -17,6 +17,9 @@ tests on the pooled out-of-fold predictions (written to ``predictions.csv``).
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 from collections.abc import Sequence
 
 from _common import LABELS, Benchmark, Budget, make_parser, strategy_config

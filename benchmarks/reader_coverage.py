@@ -21,6 +21,9 @@ seconds, not the coverage figure.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import csv
 import io

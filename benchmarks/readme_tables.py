@@ -9,6 +9,9 @@ rendered from ``benchmarks/published/KEY/`` (written by a benchmark's ``--publis
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 from collections.abc import Sequence
 

@@ -15,6 +15,9 @@ Preprocessed release, or any release in its layout).
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 from collections.abc import Sequence
 

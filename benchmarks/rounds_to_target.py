@@ -17,6 +17,9 @@ corrected resampled-t interval, and the Kaplan-Meier median rounds.
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import math
 from collections.abc import Mapping, Sequence

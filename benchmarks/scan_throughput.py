@@ -12,6 +12,9 @@ says where it goes. Writes ``table.md`` and ``table.csv`` under
 
 from __future__ import annotations
 
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import multiprocessing as mp
 import resource

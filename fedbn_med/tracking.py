@@ -62,6 +62,15 @@ def _code_version() -> str:
         return "unknown"
 
 
+def _numerics() -> str:
+    """Return the floating-point code path of this process, e.g. ``pinned (AVX2)``."""
+    from fedbn_med.numerics import describe
+
+    found = describe()
+    return f"{found['mode']} (torch {found['torch_capability']}, MKL_CBWR " \
+           f"{found['MKL_CBWR'] or 'unset'})"
+
+
 def _finite_metrics(metrics: Mapping[str, float], step: int, ts: int) -> list[Metric]:
     out = []
     for key, value in metrics.items():
@@ -111,7 +120,8 @@ class FederationTracker:
             self._find_children()
         else:
             run_tags = {"mlflow.runName": run_name, "code_version": _code_version(),
-                        "sites": ",".join(self.sites), "kind": "federation", **(tags or {})}
+                        "numerics": _numerics(), "sites": ",".join(self.sites),
+                        "kind": "federation", **(tags or {})}
             parent = self.client.create_run(self.experiment_id, tags=run_tags,
                                             run_name=run_name)
             self.parent_id = parent.info.run_id

@@ -82,6 +82,9 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
     assert meta["environment"]["packages"]["numpy"] == np.__version__
     assert meta["environment"]["cpu_capability"]
     assert meta["environment"]["cpu_model"] and meta["environment"]["cpu_flags_sha256"]
+    from fedbn_med.numerics import describe
+
+    assert meta["environment"]["numerics"] == describe()
     assert tables.problems(text) == []
 
     # A number typed into the README by hand.

@@ -36,6 +36,10 @@ def test_parent_and_site_runs_with_metrics_per_round(store, tmp_path):
     hist = client.get_metric_history(sites["NYU"].info.run_id, "test_accuracy")
     assert [(m.step, round(m.value, 6)) for m in hist] == [(1, 0.6), (2, 0.7)]
     assert parent.data.tags["round_0002_sites"] == "NYU,UM"
+    # which floating-point code path made the numbers (fedbn_med.numerics)
+    from fedbn_med.numerics import describe
+
+    assert parent.data.tags["numerics"].startswith(f"{describe()['mode']} (torch ")
     arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"results.md", "model"} <= arts
 

@@ -1,0 +1,198 @@
+"""The default run under each floating-point code path torch and MKL can take on x86.
+
+torch's vectorised kernels (``ATEN_CPU_CAPABILITY``) and MKL's GEMM (``MKL_CBWR``) pick
+their code by the CPU. :mod:`fedbn_med.numerics` pins both to their AVX2 path; this runs
+the main job's default spec on each fold once per code path, each in a fresh process
+(the libraries read their variable once), and reports per fold the selected round, the
+site-mean test accuracy, balanced accuracy and AUC at it, and the first round at which
+any site's validation loss differs from the pinned run's. A row equal to the pinned row
+shows the two paths round the same; one that differs shows how far a run can move on
+last-bit differences alone, which is what an AVX-512 machine without the pin would do.
+
+    python benchmarks/numerics.py [--quick] [--folds 5] [--rounds R]
+        [--sites PITT,YALE,KKI,TRINITY --data-dir REAL] [--publish]
+"""
+
+from __future__ import annotations
+
+import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from _common import markdown_table
+from tqdm import tqdm
+
+NAME = "numerics"
+#: --quick: the first fold, 5 rounds.
+QUICK = {"folds": 1, "rounds": 5}
+#: Each code path: its label and the variables its process starts with (the first is
+#: the pin itself; the rest leave fedbn_med.numerics to pin whatever they do not set).
+PATHS: dict[str, dict[str, str]] = {
+    "pinned (AVX2)": {},
+    "torch kernels: default (no SIMD)": {"ATEN_CPU_CAPABILITY": "default"},
+    "MKL: COMPATIBLE (SSE2)": {"MKL_CBWR": "COMPATIBLE"},
+    "both of the above": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"},
+    "native (FEDBN_MED_NUMERICS=native)": {"FEDBN_MED_NUMERICS": "native"},
+}
+_WORKER_FLAG = "--worker"
+
+
+def _pct(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.1f}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"CI-sized run: {QUICK['folds']} fold, {QUICK['rounds']} rounds")
+    parser.add_argument("--folds", type=int, default=None, help="folds 0..N-1 (default 5)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="communication rounds (default: the task's)")
+    parser.add_argument("--sites", default=None,
+                        help="comma-separated sites (default: the task's)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder holding ABIDE_pcp/ (real ABIDE); default: the built-in "
+                             "cohort")
+    parser.add_argument("--publish", action="store_true",
+                        help="also copy the results into benchmarks/published/ and rewrite "
+                             "the README's block for them")
+    parser.add_argument(_WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _spec(args: argparse.Namespace):  # -> RunSpec (imported lazily)
+    from fedbn_med.spec import RunSpec
+
+    overrides: dict[str, object] = {}
+    if args.rounds is not None or args.quick:
+        overrides["rounds"] = args.rounds or QUICK["rounds"]
+    if args.sites:
+        overrides["sites"] = tuple(s.strip() for s in args.sites.split(",") if s.strip())
+    if args.data_dir is not None:
+        overrides["data_dir"] = args.data_dir.expanduser().resolve()
+    return RunSpec.for_task("abide", **overrides)
+
+
+def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
+    """Run the default spec on each fold in this process; return what the parent compares."""
+    from _common import run
+
+    from fedbn_med.numerics import describe
+
+    spec = _spec(args)
+    out: list[dict[str, object]] = []
+    for fold in range(folds):
+        history = run(spec.replace(fold=fold))
+        result = history.result()
+        val = {}
+        for row in history.rows:
+            if "val_loss" in row:
+                val.setdefault(int(row["round"]), {})[str(row["site"])] = float(row["val_loss"])
+        mean = {k: sum(float(result.selected[s][f"test_{k}"]) for s in spec.sites)
+                / len(spec.sites) for k in ("accuracy", "balanced_accuracy", "auc")}
+        out.append({"fold": fold, "selected_round": result.selected_round,
+                    "last_round": result.last_round, **mean,
+                    "val_loss": [val[r] for r in sorted(val)]})
+    return {"numerics": describe(), "folds": out}
+
+
+def _first_difference(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]]
+                      ) -> int | None:
+    """Return the first round (1-based) at which any site's validation loss differs."""
+    for rnd, (x, y) in enumerate(zip(a, b), start=1):
+        if x != y:
+            return rnd
+    return None if len(a) == len(b) else min(len(a), len(b)) + 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the default spec under each code path and print the comparison."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    folds = args.folds or (QUICK["folds"] if args.quick else 5)
+    if not 1 <= folds <= 5:
+        parser.error(f"--folds must be from 1 to 5 (the folds of the split), got {folds}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error(f"--rounds must be a positive integer, got {args.rounds}")
+    if args.data_dir is not None and not (args.data_dir / "ABIDE_pcp").is_dir():
+        parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); "
+                     f"{args.data_dir} does not")
+    if args.worker:
+        print(json.dumps(worker(args, folds)))
+        return 0
+    from fedbn_med.numerics import PINNED, SWITCH
+
+    started = time.perf_counter()
+    forwarded = [a for a in (sys.argv[1:] if argv is None else list(argv))
+                 if a != "--publish"]
+    results: dict[str, dict[str, object]] = {}
+    for label, variables in tqdm(PATHS.items(), desc="code paths", unit="path"):
+        env = {k: v for k, v in os.environ.items() if k not in (*PINNED, SWITCH)}
+        env.update(variables)
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG,
+                               *forwarded], env=env, capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"the {label!r} run failed (exit {done.returncode}):\n"
+                             f"{done.stderr[-2000:]}")
+        results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    spec = _spec(args)
+    pinned = results["pinned (AVX2)"]["folds"]
+    body, rows = [], []
+    for label, result in results.items():
+        capability = result["numerics"]["torch_capability"]
+        mkl = result["numerics"]["MKL_CBWR"] or "unset"
+        for ref, got in zip(pinned, result["folds"]):
+            first = _first_difference(ref["val_loss"], got["val_loss"])
+            body.append([label, f"{capability} / {mkl}", got["fold"],
+                         f"{got['selected_round']} of {got['last_round']}",
+                         _pct(got["accuracy"]), _pct(got["balanced_accuracy"]),
+                         _pct(got["auc"]), "identical" if first is None else f"round {first}"])
+            rows.append({"path": label, "torch_capability": capability, "mkl_cbwr": mkl,
+                         "fold": got["fold"], "selected_round": got["selected_round"],
+                         "accuracy": got["accuracy"],
+                         "balanced_accuracy": got["balanced_accuracy"], "auc": got["auc"],
+                         "first_difference_round": first if first is not None else ""})
+    table = markdown_table(
+        ["code path", "torch kernels / MKL_CBWR", "fold", "selected round",
+         "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
+         "validation loss first differs from pinned"], body)
+    data = "built-in cohort" if args.data_dir is None else f"real ABIDE ({args.data_dir})"
+    moved = sum(1 for r in rows if r["path"] != "pinned (AVX2)"
+                and r["first_difference_round"] != "")
+    total = sum(1 for r in rows if r["path"] != "pinned (AVX2)")
+    summary = (f"Runs that differ from the pinned run: {moved} of {total} (code path, fold) "
+               f"cells. Each path ran in its own process; {spec.label}, {spec.rounds} rounds, "
+               f"seed {spec.seed}, {data}; test split at each run's selected round (lowest "
+               f"mean validation loss).")
+    print(f"\n{table}\n\n{summary}\n{time.perf_counter() - started:.1f} s")
+    if args.publish:
+        from _published import describe_data, publish, publish_key
+
+        from fedbn_med.evaluation.report import csv_text
+
+        real = args.data_dir is not None
+        folder = publish(publish_key(NAME, spec.sites, real), name=NAME, argv=argv,
+                         report=f"{table}\n\n{summary}", csv_text=csv_text(rows),
+                         data=describe_data(spec.sites, real),
+                         protocol=(f"{spec.label}, {spec.rounds} rounds, folds 0-{folds - 1} "
+                                   f"of 5, seed {spec.seed}, once per code path in a fresh "
+                                   "process; each run's result at its lowest mean "
+                                   "validation loss round"),
+                         wall_time_s=time.perf_counter() - started)
+        print(f"published to {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

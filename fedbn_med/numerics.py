@@ -1,0 +1,105 @@
+"""One floating-point code path on every x86 machine, so one command gives one set of numbers.
+
+torch, MKL, numpy and OpenBLAS each pick their kernels by the CPU they find: on a machine
+with AVX-512 they sum and multiply in wider vectors, in another order, than on one with
+AVX2 only. A training run of a hundred rounds on a few hundred subjects turns such
+last-bit differences into another selected round and other test scores (measured by
+``benchmarks/numerics.py``). Importing :mod:`fedbn_med` therefore asks each library for
+its AVX2 path when the CPU has AVX2 and FMA, before any of them loads:
+
+==========================  =================  =========================================
+variable                    value              read by
+==========================  =================  =========================================
+``ATEN_CPU_CAPABILITY``     ``avx2``           torch's vectorised kernels (lazily)
+``MKL_CBWR``                ``AVX2``           MKL's GEMM in torch (at its first call)
+``NPY_DISABLE_CPU_FEATURES`` ``X86_V4 ...``    numpy's ufunc loops (at numpy's import)
+``OPENBLAS_CORETYPE``       ``Haswell``        numpy's and scipy's OpenBLAS (at load)
+==========================  =================  =========================================
+
+A variable the user has set already is left as it is. ``FEDBN_MED_NUMERICS=native`` turns
+the pin off (each library's fastest path, numbers tied to the machine). Outside x86 with
+AVX2 nothing is set: an arm64 machine computes with other libraries and gives other
+numbers. The threads a site computes with are fixed by its spec (``RunSpec.threads``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import MutableMapping
+
+#: The pinned code path's variables and values.
+PINNED: dict[str, str] = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+    "OPENBLAS_CORETYPE": "Haswell",
+}
+
+#: Set to ``native`` to keep each library's own choice of kernels.
+SWITCH = "FEDBN_MED_NUMERICS"
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """Return the CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def pinnable(flags: frozenset[str] | None = None, machine: str | None = None) -> bool:
+    """Whether this machine can run the pinned path: x86-64 with AVX2 and FMA."""
+    machine = (machine or platform.machine()).lower()
+    flags = cpu_flags() if flags is None else flags
+    return machine in ("x86_64", "amd64") and {"avx2", "fma"} <= flags
+
+
+def pin(environ: MutableMapping[str, str] | None = None,
+        flags: frozenset[str] | None = None, machine: str | None = None) -> dict[str, str]:
+    """Ask torch, MKL, numpy and OpenBLAS for their AVX2 path; return what was set.
+
+    Leaves every variable already in ``environ`` alone, and sets nothing when
+    ``FEDBN_MED_NUMERICS`` is ``native`` or the machine lacks AVX2 (see :func:`pinnable`).
+    Raises ``ValueError`` for any other value of ``FEDBN_MED_NUMERICS``.
+    """
+    environ = os.environ if environ is None else environ
+    mode = environ.get(SWITCH, "pinned").strip().lower()
+    if mode not in ("pinned", "native"):
+        raise ValueError(f"{SWITCH}={environ[SWITCH]!r}: expected 'pinned' (the default) "
+                         f"or 'native'")
+    if mode == "native" or not pinnable(flags, machine):
+        return {}
+    added = {}
+    for name, value in PINNED.items():
+        if name not in environ:
+            environ[name] = added[name] = value
+    return added
+
+
+def describe() -> dict[str, object]:
+    """Return the code path in effect now, for a result's record.
+
+    ``pinned`` is true only when every library runs the pinned path: torch reports AVX2
+    and the other variables hold their pinned values. A script that imported numpy
+    before :mod:`fedbn_med` keeps numpy's own choice; ``numpy_x86_v4`` says whether
+    numpy's AVX-512 loops are in use.
+    """
+    import torch
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # pragma: no cover - numpy < 2
+        features = {}
+    capability = torch.backends.cpu.get_cpu_capability()
+    variables = {name: os.environ.get(name, "") for name in PINNED}
+    pinned = (capability == "AVX2" and variables["MKL_CBWR"] == PINNED["MKL_CBWR"]
+              and not features.get("X86_V4", False)
+              and variables["OPENBLAS_CORETYPE"] == PINNED["OPENBLAS_CORETYPE"])
+    return {"mode": "pinned" if pinned else "native", "torch_capability": capability,
+            "numpy_x86_v4": bool(features.get("X86_V4", False)), **variables}

@@ -1,0 +1,124 @@
+"""The numeric code path: importing fedbn_med pins torch, MKL, numpy and OpenBLAS to AVX2."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedbn_med import numerics
+
+ROOT = Path(__file__).resolve().parent.parent
+AVX2 = frozenset({"avx2", "fma", "sse4_2"})
+
+
+def test_pin_sets_every_library_variable_on_an_avx2_machine() -> None:
+    environ: dict[str, str] = {}
+    added = numerics.pin(environ, flags=AVX2, machine="x86_64")
+    assert environ == numerics.PINNED and added == numerics.PINNED
+    assert environ["ATEN_CPU_CAPABILITY"] == "avx2" and environ["MKL_CBWR"] == "AVX2"
+
+
+def test_pin_leaves_a_users_own_choice_alone() -> None:
+    environ = {"MKL_CBWR": "COMPATIBLE"}
+    added = numerics.pin(environ, flags=AVX2, machine="x86_64")
+    assert environ["MKL_CBWR"] == "COMPATIBLE" and "MKL_CBWR" not in added
+    assert environ["ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+@pytest.mark.parametrize(("environ", "flags", "machine"), [
+    ({"FEDBN_MED_NUMERICS": "native"}, AVX2, "x86_64"),
+    ({"FEDBN_MED_NUMERICS": " Native "}, AVX2, "x86_64"),
+    ({}, frozenset({"sse4_2", "avx"}), "x86_64"),  # no AVX2: torch would fault on it
+    ({}, frozenset({"avx2"}), "x86_64"),  # AVX2 without FMA
+    ({}, frozenset({"asimd", "sve"}), "aarch64"),
+])
+def test_pin_sets_nothing_when_asked_not_to_or_where_avx2_is_missing(
+        environ: dict[str, str], flags: frozenset[str], machine: str) -> None:
+    before = dict(environ)
+    assert numerics.pin(environ, flags=flags, machine=machine) == {}
+    assert environ == before
+
+
+def test_a_bad_switch_value_is_named() -> None:
+    with pytest.raises(ValueError, match=r"FEDBN_MED_NUMERICS='avx512'.*'pinned'.*'native'"):
+        numerics.pin({"FEDBN_MED_NUMERICS": "avx512"}, flags=AVX2, machine="x86_64")
+
+
+def test_cpu_flags_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 fma sse2\n")
+    assert numerics.cpu_flags(str(info)) == {"fpu", "avx2", "fma", "sse2"}
+    assert numerics.cpu_flags(str(tmp_path / "absent")) == frozenset()
+    assert not numerics.pinnable(frozenset(), "x86_64")
+
+
+def _fresh(env_changes: dict[str, str], code: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in (*numerics.PINNED, numerics.SWITCH)}
+    env.update(env_changes)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+_REPORT = ("import json, os\nimport fedbn_med\nfrom fedbn_med import numerics\n"
+           "import torch\ntorch.ones(4).sum()\n"
+           "print(json.dumps({'env': {k: os.environ.get(k) for k in numerics.PINNED},"
+           " 'describe': numerics.describe()}))")
+
+
+@pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
+def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> None:
+    pinned = _fresh({}, _REPORT)
+    assert pinned["env"] == numerics.PINNED
+    assert pinned["describe"]["mode"] == "pinned"
+    assert pinned["describe"]["torch_capability"] == "AVX2"
+    assert not pinned["describe"]["numpy_x86_v4"]
+
+    native = _fresh({"FEDBN_MED_NUMERICS": "native"}, _REPORT)
+    assert all(value is None for value in native["env"].values())
+
+    # A user's own choice is kept, and the record says the run is not on the pinned path.
+    own = _fresh({"ATEN_CPU_CAPABILITY": "default"}, _REPORT)
+    assert own["describe"]["torch_capability"] == "DEFAULT"
+    assert own["describe"]["mode"] == "native"
+
+
+@pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
+def test_this_test_process_is_on_the_pinned_path() -> None:
+    # conftest imports fedbn_med before numpy, as every entry script must
+    assert numerics.describe()["mode"] == "pinned"
+
+
+def _first_import(path: Path) -> str:
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            return node.names[0].name
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            return node.module or ""
+    return ""
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
+                                          if not p.name.startswith("_")))
+def test_every_benchmark_imports_fedbn_med_before_numpy(script: str) -> None:
+    # numpy and OpenBLAS read their variable once, when they load
+    assert _first_import(ROOT / "benchmarks" / script) == "fedbn_med"
+
+
+def test_the_pipelines_import_nothing_numeric_before_fedbn_med() -> None:
+    for path in sorted((ROOT / "pipelines").glob("*.py")):
+        modules = []
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                modules += [n.name for n in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                modules.append(node.module or "")
+        first = next(m for m in modules if m.split(".")[0] not in sys.stdlib_module_names)
+        assert first.split(".")[0] == "fedbn_med", path.name
