@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import MutableMapping
 
 #: The pinned code path's variables and values.
@@ -38,6 +39,9 @@ PINNED: dict[str, str] = {
 
 #: Set to ``native`` to keep each library's own choice of kernels.
 SWITCH = "FEDBN_MED_NUMERICS"
+#: Libraries that read their variable when they load, and had loaded when this process
+#: was pinned (their own choice stands).
+_LOADED_BEFORE: list[str] = []
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -68,7 +72,9 @@ def pin(environ: MutableMapping[str, str] | None = None,
     ``FEDBN_MED_NUMERICS`` is ``native`` or the machine lacks AVX2 (see :func:`pinnable`).
     Raises ``ValueError`` for any other value of ``FEDBN_MED_NUMERICS``.
     """
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
+        _LOADED_BEFORE[:] = [name for name in ("numpy", "scipy") if name in sys.modules]
     mode = environ.get(SWITCH, "pinned").strip().lower()
     if mode not in ("pinned", "native"):
         raise ValueError(f"{SWITCH}={environ[SWITCH]!r}: expected 'pinned' (the default) "
@@ -85,10 +91,11 @@ def pin(environ: MutableMapping[str, str] | None = None,
 def describe() -> dict[str, object]:
     """Return the code path in effect now, for a result's record.
 
-    ``pinned`` is true only when every library runs the pinned path: torch reports AVX2
-    and the other variables hold their pinned values. A script that imported numpy
-    before :mod:`fedbn_med` keeps numpy's own choice; ``numpy_x86_v4`` says whether
-    numpy's AVX-512 loops are in use.
+    ``mode`` is ``pinned`` only when every library runs the pinned path: torch reports
+    AVX2, the other variables hold their pinned values, and neither numpy nor scipy had
+    loaded before :func:`pin` ran (``loaded_before_pin``: a script that imports numpy
+    before :mod:`fedbn_med` keeps numpy's and OpenBLAS's own choice). ``numpy_x86_v4``
+    says whether numpy's AVX-512 loops are in use.
     """
     import torch
 
@@ -100,6 +107,8 @@ def describe() -> dict[str, object]:
     variables = {name: os.environ.get(name, "") for name in PINNED}
     pinned = (capability == "AVX2" and variables["MKL_CBWR"] == PINNED["MKL_CBWR"]
               and not features.get("X86_V4", False)
-              and variables["OPENBLAS_CORETYPE"] == PINNED["OPENBLAS_CORETYPE"])
+              and variables["OPENBLAS_CORETYPE"] == PINNED["OPENBLAS_CORETYPE"]
+              and not _LOADED_BEFORE)
     return {"mode": "pinned" if pinned else "native", "torch_capability": capability,
-            "numpy_x86_v4": bool(features.get("X86_V4", False)), **variables}
+            "numpy_x86_v4": bool(features.get("X86_V4", False)),
+            "loaded_before_pin": list(_LOADED_BEFORE), **variables}

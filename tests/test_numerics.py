@@ -89,6 +89,11 @@ def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> N
     assert own["describe"]["torch_capability"] == "DEFAULT"
     assert own["describe"]["mode"] == "native"
 
+    # numpy loaded first keeps its own kernels: the record says so
+    late = _fresh({}, "import numpy\n" + _REPORT)
+    assert late["describe"]["loaded_before_pin"] == ["numpy"]
+    assert late["describe"]["mode"] == "native"
+
 
 @pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
 def test_this_test_process_is_on_the_pinned_path() -> None:
