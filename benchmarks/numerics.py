@@ -1,13 +1,16 @@
 """The default run under each floating-point code path torch and MKL can take on x86.
 
-torch's vectorised kernels (``ATEN_CPU_CAPABILITY``) and MKL's GEMM (``MKL_CBWR``) pick
-their code by the CPU. :mod:`fedbn_med.numerics` pins both to their AVX2 path; this runs
-the main job's default spec on each fold once per code path, each in a fresh process
-(the libraries read their variable once), and reports per fold the selected round, the
-site-mean test accuracy, balanced accuracy and AUC at it, and the first round at which
-any site's validation loss differs from the pinned run's. A row equal to the pinned row
-shows the two paths round the same; one that differs shows how far a run can move on
-last-bit differences alone, which is what an AVX-512 machine without the pin would do.
+torch's vectorised kernels (``ATEN_CPU_CAPABILITY``), MKL's GEMM (``MKL_CBWR``), numpy's
+loops (``NPY_DISABLE_CPU_FEATURES``) and OpenBLAS (``OPENBLAS_CORETYPE``) pick their code
+by the CPU; :mod:`fedbn_med.numerics` pins each to its AVX2 path. This runs the main
+job's default spec on each fold once per code path, each in a fresh process (the
+libraries read their variable once) and, on the built-in cohort, with the cohort written
+afresh by that process. Per fold it reports the selected round, the site-mean test
+accuracy, balanced accuracy and AUC at it, and the first round at which any site's
+validation loss differs from the pinned run's; per path, a digest of the cohort's files.
+A row equal to the pinned row shows the two paths round the same; one that differs
+shows how far a run moves on last-bit differences alone, which is what a machine whose
+libraries chose another path would do without the pin.
 
     python benchmarks/numerics.py [--quick] [--folds 5] [--rounds R]
         [--sites PITT,YALE,KKI,TRINITY --data-dir REAL] [--publish]
@@ -24,6 +27,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -41,6 +45,9 @@ PATHS: dict[str, dict[str, str]] = {
     "torch kernels: default (no SIMD)": {"ATEN_CPU_CAPABILITY": "default"},
     "MKL: COMPATIBLE (SSE2)": {"MKL_CBWR": "COMPATIBLE"},
     "both of the above": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"},
+    "numpy: no AVX2 loops (X86_V3 off)": {"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 "
+                                                                     "AVX512_ICL AVX512_SPR"},
+    "OpenBLAS: Sandybridge kernels": {"OPENBLAS_CORETYPE": "Sandybridge"},
     "native (FEDBN_MED_NUMERICS=native)": {"FEDBN_MED_NUMERICS": "native"},
 }
 _WORKER_FLAG = "--worker"
@@ -103,7 +110,19 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
         out.append({"fold": fold, "selected_round": result.selected_round,
                     "last_round": result.last_round, **mean,
                     "val_loss": [val[r] for r in sorted(val)]})
-    return {"numerics": describe(), "folds": out}
+    digest = "n/a (real files, read as they are)"
+    if args.data_dir is None:  # the cohort this process wrote (FEDBN_MED_DATA is its own)
+        import hashlib
+
+        from fedbn_med.paths import resolve_data_dir
+
+        root = resolve_data_dir() / "builtin"  # its ABIDE_pcp/ files (not the caches)
+        hashed = hashlib.sha256()
+        for path in sorted(p for p in root.glob("*/ABIDE_pcp/**/*") if p.is_file()):
+            hashed.update(path.relative_to(root).as_posix().encode())
+            hashed.update(path.read_bytes())
+        digest = hashed.hexdigest()[:12]
+    return {"numerics": describe(), "cohort_sha256": digest, "folds": out}
 
 
 def _first_difference(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]]
@@ -136,9 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     forwarded = [a for a in (sys.argv[1:] if argv is None else list(argv))
                  if a != "--publish"]
     results: dict[str, dict[str, object]] = {}
-    for label, variables in tqdm(PATHS.items(), desc="code paths", unit="path"):
+    scratch = tempfile.TemporaryDirectory(prefix="fedbn-numerics-")
+    for i, (label, variables) in enumerate(tqdm(PATHS.items(), desc="code paths",
+                                                unit="path")):
         env = {k: v for k, v in os.environ.items() if k not in (*PINNED, SWITCH)}
         env.update(variables)
+        env["FEDBN_MED_DATA"] = str(Path(scratch.name) / str(i))  # a cohort of its own
         done = subprocess.run([sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG,
                                *forwarded], env=env, capture_output=True, text=True,
                               check=False)
@@ -146,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"the {label!r} run failed (exit {done.returncode}):\n"
                              f"{done.stderr[-2000:]}")
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    scratch.cleanup()
     spec = _spec(args)
     pinned = results["pinned (AVX2)"]["folds"]
     body, rows = [], []
@@ -167,6 +190,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["code path", "torch kernels / MKL_CBWR", "fold", "selected round",
          "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
          "validation loss first differs from pinned"], body)
+    digests = markdown_table(
+        ["code path", "built-in cohort files: sha256 (first 12)", "same as pinned"],
+        [[label, r["cohort_sha256"],
+          "yes" if r["cohort_sha256"] == results["pinned (AVX2)"]["cohort_sha256"] else "no"]
+         for label, r in results.items()])
+    table = f"{table}\n\n{digests}"
     data = "built-in cohort" if args.data_dir is None else f"real ABIDE ({args.data_dir})"
     moved = sum(1 for r in rows if r["path"] != "pinned (AVX2)"
                 and r["first_difference_round"] != "")
