@@ -72,9 +72,9 @@ def pin(environ: MutableMapping[str, str] | None = None,
     ``FEDBN_MED_NUMERICS`` is ``native`` or the machine lacks AVX2 (see :func:`pinnable`).
     Raises ``ValueError`` for any other value of ``FEDBN_MED_NUMERICS``.
     """
+    own = environ is None
     if environ is None:
         environ = os.environ
-        _LOADED_BEFORE[:] = [name for name in ("numpy", "scipy") if name in sys.modules]
     mode = environ.get(SWITCH, "pinned").strip().lower()
     if mode not in ("pinned", "native"):
         raise ValueError(f"{SWITCH}={environ[SWITCH]!r}: expected 'pinned' (the default) "
@@ -85,6 +85,10 @@ def pin(environ: MutableMapping[str, str] | None = None,
     for name, value in PINNED.items():
         if name not in environ:
             environ[name] = added[name] = value
+    if own and {"NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE"} & set(added):
+        # set too late for a library already loaded (a process that inherited the
+        # variables, such as a site a launcher started, had them from its start)
+        _LOADED_BEFORE[:] = [name for name in ("numpy", "scipy") if name in sys.modules]
     return added
 
 

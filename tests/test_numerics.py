@@ -93,6 +93,10 @@ def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> N
     late = _fresh({}, "import numpy\n" + _REPORT)
     assert late["describe"]["loaded_before_pin"] == ["numpy"]
     assert late["describe"]["mode"] == "native"
+    # ... unless the process had the variables from its start (a site a launcher started)
+    inherited = _fresh(dict(numerics.PINNED), "import numpy\n" + _REPORT)
+    assert inherited["describe"]["loaded_before_pin"] == []
+    assert inherited["describe"]["mode"] == "pinned"
 
 
 @pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
