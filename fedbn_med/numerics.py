@@ -3,18 +3,16 @@
 torch, MKL, numpy and OpenBLAS each pick their kernels by the CPU they find: on a machine
 with AVX-512 they sum and multiply in wider vectors, in another order, than on one with
 AVX2 only. A training run of a hundred rounds on a few hundred subjects turns such
-last-bit differences into another selected round and other test scores (measured by
+last-bit differences into another selected round and other test scores, and numpy's and
+OpenBLAS's choice changes the bytes of the built-in cohort itself (both measured by
 ``benchmarks/numerics.py``). Importing :mod:`fedbn_med` therefore asks each library for
 its AVX2 path when the CPU has AVX2 and FMA, before any of them loads:
 
-==========================  =================  =========================================
-variable                    value              read by
-==========================  =================  =========================================
-``ATEN_CPU_CAPABILITY``     ``avx2``           torch's vectorised kernels (lazily)
-``MKL_CBWR``                ``AVX2``           MKL's GEMM in torch (at its first call)
-``NPY_DISABLE_CPU_FEATURES`` ``X86_V4 ...``    numpy's ufunc loops (at numpy's import)
-``OPENBLAS_CORETYPE``       ``Haswell``        numpy's and scipy's OpenBLAS (at load)
-==========================  =================  =========================================
+- ``ATEN_CPU_CAPABILITY=avx2``: torch's vectorised kernels (read at their first use);
+- ``MKL_CBWR=AVX2``: MKL, torch's matrix products (read at its first call);
+- ``NPY_DISABLE_CPU_FEATURES=X86_V4 AVX512_ICL AVX512_SPR``: numpy's loops (read when
+  numpy is imported);
+- ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS (read when it loads).
 
 A variable the user has set already is left as it is. ``FEDBN_MED_NUMERICS=native`` turns
 the pin off (each library's fastest path, numbers tied to the machine). Outside x86 with
