@@ -23,8 +23,12 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from _common import markdown_table, run
+
+if TYPE_CHECKING:
+    from fedbn_med.spec import RunSpec
 
 NAME = "default_run"
 #: --quick: the first fold, 5 rounds.
@@ -35,10 +39,8 @@ def _pct(value: float) -> str:
     return f"{100 * value:.1f}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the default spec on each fold and print the per-fold, per-site table."""
-    parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
-                                     description=__doc__.splitlines()[0])
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options of a run of the default spec on folds (shared with numerics.py)."""
     parser.add_argument("--quick", action="store_true",
                         help=f"CI-sized run: {QUICK['folds']} fold, {QUICK['rounds']} rounds")
     parser.add_argument("--folds", type=int, default=None, help="folds 0..N-1 (default 5)")
@@ -52,7 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--publish", action="store_true",
                         help="also copy the results into benchmarks/published/ and rewrite "
                              "the README's block for them")
-    args = parser.parse_args(argv)
+
+
+def checked_folds(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Validate the options of :func:`add_options`; return the number of folds."""
     folds = args.folds or (QUICK["folds"] if args.quick else 5)
     if not 1 <= folds <= 5:
         parser.error(f"--folds must be from 1 to 5 (the folds of the split), got {folds}")
@@ -61,9 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.data_dir is not None and not (args.data_dir / "ABIDE_pcp").is_dir():
         parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); "
                      f"{args.data_dir} does not")
+    return folds
+
+
+def default_spec(args: argparse.Namespace) -> RunSpec:
+    """Return the task's default spec with the options of :func:`add_options` applied."""
     from fedbn_med.spec import RunSpec
 
-    started = time.perf_counter()
     overrides: dict[str, object] = {}
     if args.rounds is not None or args.quick:
         overrides["rounds"] = args.rounds or QUICK["rounds"]
@@ -71,7 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["sites"] = tuple(s.strip() for s in args.sites.split(",") if s.strip())
     if args.data_dir is not None:
         overrides["data_dir"] = args.data_dir.expanduser().resolve()
-    spec = RunSpec.for_task("abide", **overrides)
+    return RunSpec.for_task("abide", **overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the default spec on each fold and print the per-fold, per-site table."""
+    parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
+                                     description=__doc__.splitlines()[0])
+    add_options(parser)
+    args = parser.parse_args(argv)
+    folds = checked_folds(parser, args)
+    started = time.perf_counter()
+    spec = default_spec(args)
     body, below, one_class, total, first_table = [], 0, 0, 0, ""
     rows: list[dict[str, object]] = []
     for fold in range(folds):

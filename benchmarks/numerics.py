@@ -33,11 +33,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from _common import markdown_table
+from default_run import add_options, checked_folds, default_spec
 from tqdm import tqdm
 
 NAME = "numerics"
-#: --quick: the first fold, 5 rounds.
-QUICK = {"folds": 1, "rounds": 5}
 #: Each code path: its label and the variables its process starts with (the first is
 #: the pin itself; the rest leave fedbn_med.numerics to pin whatever they do not set).
 PATHS: dict[str, dict[str, str]] = {
@@ -60,34 +59,9 @@ def _pct(value: float) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help=f"CI-sized run: {QUICK['folds']} fold, {QUICK['rounds']} rounds")
-    parser.add_argument("--folds", type=int, default=None, help="folds 0..N-1 (default 5)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="communication rounds (default: the task's)")
-    parser.add_argument("--sites", default=None,
-                        help="comma-separated sites (default: the task's)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder holding ABIDE_pcp/ (real ABIDE); default: the built-in "
-                             "cohort")
-    parser.add_argument("--publish", action="store_true",
-                        help="also copy the results into benchmarks/published/ and rewrite "
-                             "the README's block for them")
+    add_options(parser)
     parser.add_argument(_WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
     return parser
-
-
-def _spec(args: argparse.Namespace):  # -> RunSpec (imported lazily)
-    from fedbn_med.spec import RunSpec
-
-    overrides: dict[str, object] = {}
-    if args.rounds is not None or args.quick:
-        overrides["rounds"] = args.rounds or QUICK["rounds"]
-    if args.sites:
-        overrides["sites"] = tuple(s.strip() for s in args.sites.split(",") if s.strip())
-    if args.data_dir is not None:
-        overrides["data_dir"] = args.data_dir.expanduser().resolve()
-    return RunSpec.for_task("abide", **overrides)
 
 
 def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
@@ -96,7 +70,7 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
 
     from fedbn_med.numerics import describe
 
-    spec = _spec(args)
+    spec = default_spec(args)
     out: list[dict[str, object]] = []
     for fold in range(folds):
         history = run(spec.replace(fold=fold))
@@ -138,14 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the default spec under each code path and print the comparison."""
     parser = _parser()
     args = parser.parse_args(argv)
-    folds = args.folds or (QUICK["folds"] if args.quick else 5)
-    if not 1 <= folds <= 5:
-        parser.error(f"--folds must be from 1 to 5 (the folds of the split), got {folds}")
-    if args.rounds is not None and args.rounds < 1:
-        parser.error(f"--rounds must be a positive integer, got {args.rounds}")
-    if args.data_dir is not None and not (args.data_dir / "ABIDE_pcp").is_dir():
-        parser.error(f"--data-dir must hold ABIDE_pcp/ (the ABIDE Preprocessed layout); "
-                     f"{args.data_dir} does not")
+    folds = checked_folds(parser, args)
     if args.worker:
         print(json.dumps(worker(args, folds)))
         return 0
@@ -169,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{done.stderr[-2000:]}")
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
     scratch.cleanup()
-    spec = _spec(args)
+    spec = default_spec(args)
     pinned = results["pinned (AVX2)"]["folds"]
     body, rows = [], []
     for label, result in results.items():
