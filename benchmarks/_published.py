@@ -110,16 +110,10 @@ def _cpu() -> dict[str, str]:
     import hashlib
     import platform
 
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = " ".join(sorted((info.get("flags") or info.get("Features") or "").split()))
-    return {"cpu_model": info.get("model name") or platform.processor() or "unknown",
+    from fedbn_med.numerics import cpu_flags, cpu_info
+
+    flags = " ".join(sorted(cpu_flags()))
+    return {"cpu_model": cpu_info().get("model name") or platform.processor() or "unknown",
             "cpu_flags_sha256": (hashlib.sha256(flags.encode()).hexdigest()[:12]
                                  if flags else "unknown")}
 

@@ -42,17 +42,27 @@ SWITCH = "FEDBN_MED_NUMERICS"
 _LOADED_BEFORE: list[str] = []
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """Return the CPU's feature flags as Linux lists them (empty elsewhere)."""
+def cpu_info(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """Return the first processor's fields as Linux lists them (empty elsewhere)."""
+    info: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
+                if not line.strip():
+                    if info:
+                        break  # every processor's block lists the same features
+                    continue
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return info
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """Return the CPU's feature flags (x86 ``flags``, Arm ``Features``; empty elsewhere)."""
+    info = cpu_info(path)
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
 
 
 def pinnable(flags: frozenset[str] | None = None, machine: str | None = None) -> bool:
@@ -77,17 +87,16 @@ def pin(environ: MutableMapping[str, str] | None = None,
     if mode not in ("pinned", "native"):
         raise ValueError(f"{SWITCH}={environ[SWITCH]!r}: expected 'pinned' (the default) "
                          f"or 'native'")
-    if mode == "native" or not pinnable(flags, machine):
+    missing = {name: value for name, value in PINNED.items() if name not in environ}
+    # a process that inherited every variable (a site a launcher started) reads no CPU info
+    if mode == "native" or not missing or not pinnable(flags, machine):
         return {}
-    added = {}
-    for name, value in PINNED.items():
-        if name not in environ:
-            environ[name] = added[name] = value
-    if own and {"NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE"} & set(added):
+    environ.update(missing)
+    if own and {"NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE"} & set(missing):
         # set too late for a library already loaded (a process that inherited the
-        # variables, such as a site a launcher started, had them from its start)
+        # variables had them from its start)
         _LOADED_BEFORE[:] = [name for name in ("numpy", "scipy") if name in sys.modules]
-    return added
+    return missing
 
 
 def describe() -> dict[str, object]:
