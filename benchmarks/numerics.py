@@ -1,8 +1,8 @@
-"""The default run under each floating-point code path torch and MKL can take on x86.
+"""The default run under each floating-point code path torch, MKL and numpy can take on x86.
 
 torch's vectorised kernels (``ATEN_CPU_CAPABILITY``), MKL's GEMM (``MKL_CBWR``), numpy's
 loops (``NPY_DISABLE_CPU_FEATURES``) and OpenBLAS (``OPENBLAS_CORETYPE``) pick their code
-by the CPU; :mod:`fedbn_med.numerics` pins each to its AVX2 path. This runs the main
+by the CPU; :mod:`fedbn_med.numerics` pins each of them. This runs the main
 job's default spec on each fold once per code path, each in a fresh process (the
 libraries read their variable once) and, on the built-in cohort, with the cohort written
 afresh by that process. Per fold it reports the selected round, the site-mean test
@@ -10,10 +10,16 @@ accuracy, balanced accuracy and AUC at it, and the first round at which any site
 validation loss differs from the pinned run's; per path, a digest of the cohort's files.
 A row equal to the pinned row shows the two paths round the same; one that differs
 shows how far a run moves on last-bit differences alone, which is what a machine whose
-libraries chose another path would do without the pin.
+libraries chose another path would do without the pin. Each run's fingerprint is a
+digest of its whole validation-loss curve (every site, every round, every bit).
+
+``--against FILE`` compares each row with the same code path's row in another machine's
+``table.csv`` (``benchmarks/reference/`` keeps one from an AMD AVX2 machine): the same
+fingerprint, or where that file has none, the same selected round and the same
+site-mean accuracy, balanced accuracy and AUC to the last bit.
 
     python benchmarks/numerics.py [--quick] [--folds 5] [--rounds R]
-        [--sites PITT,YALE,KKI,TRINITY --data-dir REAL] [--publish]
+        [--sites PITT,YALE,KKI,TRINITY --data-dir REAL] [--against TABLE_CSV] [--publish]
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 
 # isort: split
 import argparse
+import csv
+import hashlib
 import json
 import math
 import os
@@ -37,19 +45,22 @@ from default_run import add_options, checked_folds, default_spec
 from tqdm import tqdm
 
 NAME = "numerics"
+PINNED_PATH = "pinned"
 #: Each code path: its label and the variables its process starts with (the first is
 #: the pin itself; the rest leave fedbn_med.numerics to pin whatever they do not set).
 PATHS: dict[str, dict[str, str]] = {
-    "pinned (AVX2)": {},
+    PINNED_PATH: {},
     "torch kernels: default (no SIMD)": {"ATEN_CPU_CAPABILITY": "default"},
-    "MKL: COMPATIBLE (SSE2)": {"MKL_CBWR": "COMPATIBLE"},
-    "both of the above": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE"},
+    "MKL: AVX2 branch (Intel CPUs only)": {"MKL_CBWR": "AVX2"},
     "numpy: no AVX2 loops (X86_V3 off)": {"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 "
                                                                      "AVX512_ICL AVX512_SPR"},
     "OpenBLAS: Sandybridge kernels": {"OPENBLAS_CORETYPE": "Sandybridge"},
     "native (FEDBN_MED_NUMERICS=native)": {"FEDBN_MED_NUMERICS": "native"},
 }
 _WORKER_FLAG = "--worker"
+#: What two machines' rows must share to count as the same run, when a row has no
+#: fingerprint (a file written before fingerprints were kept).
+_SAME = ("selected_round", "accuracy", "balanced_accuracy", "auc")
 
 
 def _pct(value: float) -> str:
@@ -60,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
                                      description=__doc__.splitlines()[0])
     add_options(parser)
+    parser.add_argument("--against", type=Path, default=None, metavar="TABLE_CSV",
+                        help="another machine's table.csv of this benchmark: say, per "
+                             "row, whether that machine's run of the same code path and "
+                             "fold was the same")
     parser.add_argument(_WORKER_FLAG, action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -81,13 +96,12 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
                 val.setdefault(int(row["round"]), {})[str(row["site"])] = float(row["val_loss"])
         mean = {k: sum(float(result.selected[s][f"test_{k}"]) for s in spec.sites)
                 / len(spec.sites) for k in ("accuracy", "balanced_accuracy", "auc")}
+        curve = [val[r] for r in sorted(val)]
         out.append({"fold": fold, "selected_round": result.selected_round,
-                    "last_round": result.last_round, **mean,
-                    "val_loss": [val[r] for r in sorted(val)]})
+                    "last_round": result.last_round, **mean, "val_loss": curve,
+                    "val_loss_sha256": fingerprint(curve)})
     digest = "n/a (real files, read as they are)"
     if args.data_dir is None:  # the cohort this process wrote (FEDBN_MED_DATA is its own)
-        import hashlib
-
         from fedbn_med.paths import resolve_data_dir
 
         root = resolve_data_dir() / "builtin"  # its ABIDE_pcp/ files (not the caches)
@@ -97,6 +111,48 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
             hashed.update(path.read_bytes())
         digest = hashed.hexdigest()[:12]
     return {"numerics": describe(), "cohort_sha256": digest, "folds": out}
+
+
+def fingerprint(val_loss: Sequence[Mapping[str, float]]) -> str:
+    """Return a digest (12 hex digits) of a run's validation losses, every bit of them."""
+    exact = [{site: float(loss).hex() for site, loss in sorted(row.items())}
+             for row in val_loss]
+    return hashlib.sha256(json.dumps(exact).encode()).hexdigest()[:12]
+
+
+def read_against(path: Path) -> dict[tuple[str, int], dict[str, str]]:
+    """Read another machine's ``table.csv``: its rows by (code path, fold).
+
+    Raises ``SystemExit`` naming the file when it is missing or lacks a needed column.
+    """
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as exc:
+        raise SystemExit(f"--against {path}: cannot read it ({exc.strerror or exc})") from exc
+    needed = {"path", "fold", *_SAME}
+    if not rows or not needed <= set(rows[0]):
+        raise SystemExit(f"--against {path}: expected a table.csv of benchmarks/numerics.py "
+                         f"with columns {', '.join(sorted(needed))}")
+    try:
+        return {(row["path"], int(row["fold"])): row for row in rows}
+    except ValueError as exc:
+        raise SystemExit(f"--against {path}: a fold is not a whole number ({exc})") from exc
+
+
+def same_as(row: Mapping[str, object], other: Mapping[str, str] | None) -> str:
+    """Say whether ``other`` (a row of another machine) is the same run as ``row``."""
+    if other is None:
+        return "no such row"
+    if other.get("val_loss_sha256"):
+        return "identical" if other["val_loss_sha256"] == row["val_loss_sha256"] \
+            else "differs"
+    try:
+        same = (int(other["selected_round"]) == row["selected_round"]
+                and all(float(other[k]) == row[k] for k in _SAME[1:]))
+    except ValueError:
+        return "differs"
+    return "same figures" if same else "differs"
 
 
 def _first_difference(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]]
@@ -116,11 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args, folds)))
         return 0
-    from fedbn_med.numerics import PINNED, SWITCH
+    against = read_against(args.against) if args.against is not None else None
+    from fedbn_med.numerics import PINNED, SWITCH, cpu_info
 
     started = time.perf_counter()
-    forwarded = [a for a in (sys.argv[1:] if argv is None else list(argv))
-                 if a != "--publish"]
+    given = sys.argv[1:] if argv is None else list(argv)
+    forwarded = [a for i, a in enumerate(given) if a != "--publish" and a != "--against"
+                 and not a.startswith("--against=")
+                 and not (i > 0 and given[i - 1] == "--against")]
     results: dict[str, dict[str, object]] = {}
     scratch = tempfile.TemporaryDirectory(prefix="fedbn-numerics-")
     for i, (label, variables) in enumerate(tqdm(PATHS.items(), desc="code paths",
@@ -137,40 +196,70 @@ def main(argv: Sequence[str] | None = None) -> int:
         results[label] = json.loads(done.stdout.strip().splitlines()[-1])
     scratch.cleanup()
     spec = default_spec(args)
-    pinned = results["pinned (AVX2)"]["folds"]
+    pinned = results[PINNED_PATH]["folds"]
+    info = cpu_info()
+    cpu = (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} "
+           f"model {info.get('model', '?')})")
+    other = ""
+    if against is not None:
+        first_row = next(iter(against.values()))
+        other = first_row.get("cpu_model") or str(args.against)
     body, rows = [], []
     for label, result in results.items():
-        capability = result["numerics"]["torch_capability"]
-        mkl = result["numerics"]["MKL_CBWR"] or "unset"
+        found = result["numerics"]
+        capability = found["torch_capability"]
+        mkl = found["MKL_CBWR"] or "unset"
         for ref, got in zip(pinned, result["folds"]):
             first = _first_difference(ref["val_loss"], got["val_loss"])
-            body.append([label, f"{capability} / {mkl}", got["fold"],
-                         f"{got['selected_round']} of {got['last_round']}",
-                         _pct(got["accuracy"]), _pct(got["balanced_accuracy"]),
-                         _pct(got["auc"]), "identical" if first is None else f"round {first}"])
-            rows.append({"path": label, "torch_capability": capability, "mkl_cbwr": mkl,
-                         "fold": got["fold"], "selected_round": got["selected_round"],
-                         "accuracy": got["accuracy"],
-                         "balanced_accuracy": got["balanced_accuracy"], "auc": got["auc"],
-                         "first_difference_round": first if first is not None else ""})
-    table = markdown_table(
-        ["code path", "torch kernels / MKL_CBWR", "fold", "selected round",
-         "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
-         "validation loss first differs from pinned"], body)
+            row = {"path": label, "cpu_model": cpu, "torch_capability": capability,
+                   "mkl_cbwr": mkl,
+                   "npy_disable_cpu_features": found["NPY_DISABLE_CPU_FEATURES"] or "unset",
+                   "openblas_coretype": found["OPENBLAS_CORETYPE"] or "unset",
+                   "onednn_max_cpu_isa": found["ONEDNN_MAX_CPU_ISA"] or "unset",
+                   "fold": got["fold"], "selected_round": got["selected_round"],
+                   "accuracy": got["accuracy"],
+                   "balanced_accuracy": got["balanced_accuracy"], "auc": got["auc"],
+                   "first_difference_round": first if first is not None else "",
+                   "val_loss_sha256": got["val_loss_sha256"],
+                   "cohort_sha256": result["cohort_sha256"]}
+            line = [label, f"{capability} / {mkl}", got["fold"],
+                    f"{got['selected_round']} of {got['last_round']}",
+                    _pct(got["accuracy"]), _pct(got["balanced_accuracy"]),
+                    _pct(got["auc"]), "identical" if first is None else f"round {first}",
+                    got["val_loss_sha256"]]
+            if against is not None:
+                row["same_as_against"] = same_as(row, against.get((label, got["fold"])))
+                line.append(row["same_as_against"])
+            rows.append(row)
+            body.append(line)
+    header = ["code path", "torch kernels / MKL_CBWR", "fold", "selected round",
+              "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
+              "validation loss first differs from pinned", "fingerprint"]
+    if against is not None:
+        header.append(f"same run on {other}")
+    table = markdown_table(header, body)
     digests = markdown_table(
         ["code path", "built-in cohort files: sha256 (first 12)", "same as pinned"],
         [[label, r["cohort_sha256"],
-          "yes" if r["cohort_sha256"] == results["pinned (AVX2)"]["cohort_sha256"] else "no"]
+          "yes" if r["cohort_sha256"] == results[PINNED_PATH]["cohort_sha256"] else "no"]
          for label, r in results.items()])
     table = f"{table}\n\n{digests}"
     data = "built-in cohort" if args.data_dir is None else f"real ABIDE ({args.data_dir})"
-    moved = sum(1 for r in rows if r["path"] != "pinned (AVX2)"
+    moved = sum(1 for r in rows if r["path"] != PINNED_PATH
                 and r["first_difference_round"] != "")
-    total = sum(1 for r in rows if r["path"] != "pinned (AVX2)")
-    summary = (f"Runs that differ from the pinned run: {moved} of {total} (code path, fold) "
-               f"cells. Each path ran in its own process; {spec.label}, {spec.rounds} rounds, "
-               f"seed {spec.seed}, {data}; test split at each run's selected round (lowest "
-               f"mean validation loss).")
+    total = sum(1 for r in rows if r["path"] != PINNED_PATH)
+    summary = (f"On {cpu}: runs that differ from the pinned run: {moved} of {total} "
+               f"(code path, fold) cells. Each path ran in its own process; {spec.label}, "
+               f"{spec.rounds} rounds, seed {spec.seed}, {data}; test split at each run's "
+               f"selected round (lowest mean validation loss). Fingerprint: sha256 of the "
+               f"run's validation losses (first 12 hex digits).")
+    if against is not None:
+        compared = [r for r in rows if r["same_as_against"] != "no such row"]
+        same = [r for r in compared if r["same_as_against"] != "differs"]
+        summary += (f" Against {args.against} ({other}): {len(same)} of {len(compared)} "
+                    f"runs the same ('same figures': the same selected round and site-mean "
+                    f"accuracy, balanced accuracy and AUC to the last bit, where that file "
+                    f"has no fingerprint).")
     print(f"\n{table}\n\n{summary}\n{time.perf_counter() - started:.1f} s")
     if args.publish:
         from _published import describe_data, publish, publish_key

@@ -1,18 +1,24 @@
 """One floating-point code path on every x86 machine, so one command gives one set of numbers.
 
-torch, MKL, numpy and OpenBLAS each pick their kernels by the CPU they find: on a machine
-with AVX-512 they sum and multiply in wider vectors, in another order, than on one with
-AVX2 only. A training run of a hundred rounds on a few hundred subjects turns such
-last-bit differences into another selected round and other test scores, and numpy's and
-OpenBLAS's choice changes the bytes of the built-in cohort itself (both measured by
-``benchmarks/numerics.py``). Importing :mod:`fedbn_med` therefore asks each library for
-its AVX2 path when the CPU has AVX2 and FMA, before any of them loads:
+torch, MKL, numpy, OpenBLAS and oneDNN each pick their kernels by the CPU they find: on
+a machine with AVX-512 they sum and multiply in wider vectors, in another order, than on
+one with AVX2 only, and MKL picks by the CPU's vendor as well. A training run of a
+hundred rounds on a few hundred subjects turns such last-bit differences into another
+selected round and other test scores, and numpy's and OpenBLAS's choice changes the bytes
+of the built-in cohort itself (both measured by ``benchmarks/numerics.py``). Importing
+:mod:`fedbn_med` therefore fixes each library's path when the CPU has AVX2 and FMA,
+before any of them loads:
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's vectorised kernels (read at their first use);
-- ``MKL_CBWR=AVX2``: MKL, torch's matrix products (read at its first call);
+- ``MKL_CBWR=COMPATIBLE``: MKL, torch's matrix products (read at its first call). MKL's
+  ``AVX2`` branch gives the same results only across Intel CPUs (on others MKL takes its
+  own branch); ``COMPATIBLE`` (SSE2) is the one branch that gave the same numbers on an
+  AMD AVX2 machine and on an Intel AVX-512 one;
 - ``NPY_DISABLE_CPU_FEATURES=X86_V4 AVX512_ICL AVX512_SPR``: numpy's loops (read when
   numpy is imported);
-- ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS (read when it loads).
+- ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS (read when it loads);
+- ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN, torch's convolutions (the imaging tasks; read at
+  its first call).
 
 A variable the user has set already is left as it is. ``FEDBN_MED_NUMERICS=native`` turns
 the pin off (each library's fastest path, numbers tied to the machine). Outside x86 with
@@ -30,9 +36,10 @@ from collections.abc import MutableMapping
 #: The pinned code path's variables and values.
 PINNED: dict[str, str] = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
+    "MKL_CBWR": "COMPATIBLE",
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
     "OPENBLAS_CORETYPE": "Haswell",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
 
 #: Set to ``native`` to keep each library's own choice of kernels.
@@ -74,7 +81,7 @@ def pinnable(flags: frozenset[str] | None = None, machine: str | None = None) ->
 
 def pin(environ: MutableMapping[str, str] | None = None,
         flags: frozenset[str] | None = None, machine: str | None = None) -> dict[str, str]:
-    """Ask torch, MKL, numpy and OpenBLAS for their AVX2 path; return what was set.
+    """Fix torch's, MKL's, numpy's, OpenBLAS's and oneDNN's code path; return what was set.
 
     Leaves every variable already in ``environ`` alone, and sets nothing when
     ``FEDBN_MED_NUMERICS`` is ``native`` or the machine lacks AVX2 (see :func:`pinnable`).
@@ -103,7 +110,8 @@ def describe() -> dict[str, object]:
     """Return the code path in effect now, for a result's record.
 
     ``mode`` is ``pinned`` only when every library runs the pinned path: torch reports
-    AVX2, the other variables hold their pinned values, and neither numpy nor scipy had
+    AVX2, the other variables hold their pinned values (numpy's through its AVX-512
+    loops being off), and neither numpy nor scipy had
     loaded before :func:`pin` ran (``loaded_before_pin``: a script that imports numpy
     before :mod:`fedbn_med` keeps numpy's and OpenBLAS's own choice). ``numpy_x86_v4``
     says whether numpy's AVX-512 loops are in use.
@@ -116,9 +124,9 @@ def describe() -> dict[str, object]:
         features = {}
     capability = torch.backends.cpu.get_cpu_capability()
     variables = {name: os.environ.get(name, "") for name in PINNED}
-    pinned = (capability == "AVX2" and variables["MKL_CBWR"] == PINNED["MKL_CBWR"]
-              and not features.get("X86_V4", False)
-              and variables["OPENBLAS_CORETYPE"] == PINNED["OPENBLAS_CORETYPE"]
+    pinned = (capability == "AVX2" and not features.get("X86_V4", False)
+              and all(variables[name] == PINNED[name]
+                      for name in ("MKL_CBWR", "OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA"))
               and not _LOADED_BEFORE)
     return {"mode": "pinned" if pinned else "native", "torch_capability": capability,
             "numpy_x86_v4": bool(features.get("X86_V4", False)),

@@ -63,7 +63,7 @@ def _code_version() -> str:
 
 
 def _numerics() -> str:
-    """Return this process's CPU code path, e.g. ``pinned (torch AVX2, MKL_CBWR AVX2)``."""
+    """Return this process's CPU code path, e.g. ``pinned (torch AVX2, MKL_CBWR COMPATIBLE)``."""
     from fedbn_med.numerics import describe
 
     found = describe()

@@ -1,9 +1,10 @@
-"""The numeric code path: importing fedbn_med pins torch, MKL, numpy and OpenBLAS to AVX2."""
+"""The numeric code path: importing fedbn_med pins torch, MKL, numpy, OpenBLAS and oneDNN."""
 
 from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,13 +22,14 @@ def test_pin_sets_every_library_variable_on_an_avx2_machine() -> None:
     environ: dict[str, str] = {}
     added = numerics.pin(environ, flags=AVX2, machine="x86_64")
     assert environ == numerics.PINNED and added == numerics.PINNED
-    assert environ["ATEN_CPU_CAPABILITY"] == "avx2" and environ["MKL_CBWR"] == "AVX2"
+    assert environ["ATEN_CPU_CAPABILITY"] == "avx2" and environ["MKL_CBWR"] == "COMPATIBLE"
+    assert environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
 
 
 def test_pin_leaves_a_users_own_choice_alone() -> None:
-    environ = {"MKL_CBWR": "COMPATIBLE"}
+    environ = {"MKL_CBWR": "AVX2"}
     added = numerics.pin(environ, flags=AVX2, machine="x86_64")
-    assert environ["MKL_CBWR"] == "COMPATIBLE" and "MKL_CBWR" not in added
+    assert environ["MKL_CBWR"] == "AVX2" and "MKL_CBWR" not in added
     assert environ["ATEN_CPU_CAPABILITY"] == "avx2"
 
 
@@ -89,6 +91,10 @@ def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> N
     assert own["describe"]["torch_capability"] == "DEFAULT"
     assert own["describe"]["mode"] == "native"
 
+    # MKL's AVX2 branch gives other numbers on a non-Intel CPU: not the pinned path
+    branch = _fresh({"MKL_CBWR": "AVX2"}, _REPORT)
+    assert branch["env"]["MKL_CBWR"] == "AVX2" and branch["describe"]["mode"] == "native"
+
     # numpy loaded first keeps its own kernels: the record says so
     late = _fresh({}, "import numpy\n" + _REPORT)
     assert late["describe"]["loaded_before_pin"] == ["numpy"]
@@ -97,6 +103,21 @@ def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> N
     inherited = _fresh(dict(numerics.PINNED), "import numpy\n" + _REPORT)
     assert inherited["describe"]["loaded_before_pin"] == []
     assert inherited["describe"]["mode"] == "pinned"
+
+
+@pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
+def test_onednn_convolutions_run_on_the_pinned_isa() -> None:
+    # oneDNN (torch takes it for a convolution this size) names the instruction set it
+    # dispatches to when asked to be verbose
+    code = ("import fedbn_med, torch\n"
+            "torch.nn.Conv3d(1, 8, 3)(torch.ones(2, 1, 16, 16, 16))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in (*numerics.PINNED, numerics.SWITCH)}
+    env["ONEDNN_VERBOSE"] = "1"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    isa = [line for line in done.stdout.splitlines() if ",cpu,isa:" in line]
+    assert isa and isa[0].endswith("isa:Intel AVX2"), isa
 
 
 @pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
@@ -131,3 +152,67 @@ def test_the_pipelines_import_nothing_numeric_before_fedbn_med() -> None:
                 modules.append(node.module or "")
         first = next(m for m in modules if m.split(".")[0] not in sys.stdlib_module_names)
         assert first.split(".")[0] == "fedbn_med", path.name
+
+
+def test_the_fingerprint_sees_the_last_bit_and_nothing_else() -> None:
+    bench = _numerics_benchmark()
+    curve = [{"A": 0.6931471805599453, "B": 0.5}, {"A": 0.61, "B": 0.49}]
+    same = [{"B": 0.5, "A": 0.6931471805599453}, {"B": 0.49, "A": 0.61}]  # other key order
+    nudged = [{"A": 0.6931471805599453, "B": 0.5}, {"A": 0.61, "B": float.fromhex(
+        (0.49).hex()[:-1] + "9")}]
+    assert bench.fingerprint(curve) == bench.fingerprint(same)
+    assert bench.fingerprint(curve) != bench.fingerprint(nudged)
+    assert len(bench.fingerprint(curve)) == 12
+
+
+def test_against_compares_fingerprints_or_every_bit_of_the_figures(tmp_path: Path) -> None:
+    bench = _numerics_benchmark()
+    row = {"selected_round": 81, "accuracy": 0.6262515262515262,
+           "balanced_accuracy": 0.6139069264069263, "auc": 0.6011544011544011,
+           "val_loss_sha256": "287e854e76ac"}
+    table = tmp_path / "table.csv"
+    next_up = repr(math.nextafter(row["accuracy"], 1.0))  # one bit more
+    table.write_text("path,fold,selected_round,accuracy,balanced_accuracy,auc,val_loss_sha256\n"
+                     "pinned,0,81,0.6262515262515262,0.6139069264069263,0.6011544011544011,\n"
+                     f"pinned,1,81,{next_up},0.6139069264069263,0.6011544011544011,\n"
+                     "pinned,2,80,0.1,0.1,0.1,287e854e76ac\n"
+                     "pinned,3,81,0.6262515262515262,0.6139069264069263,0.6011544011544011,"
+                     "aaaaaaaaaaaa\n")
+    other = bench.read_against(table)
+    assert bench.same_as(row, other[("pinned", 0)]) == "same figures"
+    assert bench.same_as(row, other[("pinned", 1)]) == "differs"  # one bit of accuracy
+    assert bench.same_as(row, other[("pinned", 2)]) == "identical"  # the fingerprint rules
+    assert bench.same_as(row, other[("pinned", 3)]) == "differs"
+    assert bench.same_as(row, other.get(("native", 0))) == "no such row"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (None, "cannot read it"),
+    ("path,fold\npinned,0\n", "expected a table.csv of benchmarks/numerics.py"),
+    ("", "expected a table.csv"),
+    ("path,fold,selected_round,accuracy,balanced_accuracy,auc\npinned,x,1,0,0,0\n",
+     "not a whole number"),
+])
+def test_a_bad_against_file_is_named(tmp_path: Path, text: str | None, expected: str) -> None:
+    bench = _numerics_benchmark()
+    path = tmp_path / "other.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SystemExit, match=expected) as caught:
+        bench.read_against(path)
+    assert str(path) in str(caught.value)
+
+
+def test_the_kept_amd_table_reads_as_an_against_file() -> None:
+    bench = _numerics_benchmark()
+    rows = bench.read_against(ROOT / "benchmarks" / "reference" / "numerics-amd-epyc-avx2.csv")
+    assert {path for path, _ in rows} <= set(bench.PATHS)
+    assert {fold for _, fold in rows} == set(range(5))
+
+
+def _numerics_benchmark():  # type: ignore[no-untyped-def]
+    import importlib
+
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    return importlib.import_module("numerics")
