@@ -84,8 +84,9 @@ def environment() -> dict[str, object]:
     Long training runs amplify last-bit differences, so the same command on another
     version of numpy or torch may give other numbers; ``constraints.txt`` pins them.
     The same versions on an AVX-512 and an AVX2 machine (an Intel and an AMD one) gave
-    other numbers too, until the libraries' code path was pinned (:mod:`fedbn_med.numerics`, recorded under
-    ``numerics``); the CPU's model and a digest of its feature flags are recorded as well.
+    other numbers too, until the libraries' code path was pinned
+    (:mod:`fedbn_med.numerics`, recorded under ``numerics``); the CPU's model and a digest
+    of its feature flags are recorded as well.
     """
     import platform
     from importlib import metadata

@@ -69,7 +69,7 @@ def _pct(value: float) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
-                                     description=__doc__.splitlines()[0])
+                                     description=__doc__.splitlines()[0], allow_abbrev=False)
     add_options(parser)
     parser.add_argument("--against", type=Path, default=None, metavar="TABLE_CSV",
                         help="another machine's table.csv of this benchmark: say, per "
@@ -123,35 +123,55 @@ def fingerprint(val_loss: Sequence[Mapping[str, float]]) -> str:
 def read_against(path: Path) -> dict[tuple[str, int], dict[str, str]]:
     """Read another machine's ``table.csv``: its rows by (code path, fold).
 
-    Raises ``SystemExit`` naming the file when it is missing or lacks a needed column.
+    Raises ``SystemExit`` naming the file (and the row) when it is missing, empty, lacks a
+    needed column or value, or lists one (code path, fold) twice.
     """
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except OSError as exc:
-        raise SystemExit(f"--against {path}: cannot read it ({exc.strerror or exc})") from exc
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            columns = set(reader.fieldnames or ())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"--against {path}: cannot read it ({exc})") from exc
     needed = {"path", "fold", *_SAME}
-    if not rows or not needed <= set(rows[0]):
+    if not needed <= columns:
         raise SystemExit(f"--against {path}: expected a table.csv of benchmarks/numerics.py "
                          f"with columns {', '.join(sorted(needed))}")
-    try:
-        return {(row["path"], int(row["fold"])): row for row in rows}
-    except ValueError as exc:
-        raise SystemExit(f"--against {path}: a fold is not a whole number ({exc})") from exc
+    if not rows:
+        raise SystemExit(f"--against {path}: has no rows")
+    out: dict[tuple[str, int], dict[str, str]] = {}
+    for line, row in enumerate(rows, start=2):
+        try:
+            if any(row.get(k) is None for k in needed):
+                raise ValueError("too few values")
+            int(row["selected_round"])
+            for k in _SAME[1:]:
+                float(row[k])
+            key = (row["path"], int(row["fold"]))
+        except ValueError as exc:
+            raise SystemExit(f"--against {path}, line {line}: expected a fold, a selected "
+                             f"round and three figures ({exc})") from exc
+        if key in out:
+            raise SystemExit(f"--against {path}, line {line}: {key[0]!r} fold {key[1]} is "
+                             f"listed twice")
+        out[key] = row
+    return out
 
 
 def same_as(row: Mapping[str, object], other: Mapping[str, str] | None) -> str:
-    """Say whether ``other`` (a row of another machine) is the same run as ``row``."""
+    """Say whether ``other`` (a checked row of another machine) matches ``row``.
+
+    Rows with fingerprints compare those (the whole validation-loss curve); otherwise the
+    selected round and the three site-mean figures, every bit (a weaker match: different
+    curves can end in equal figures).
+    """
     if other is None:
         return "no such row"
     if other.get("val_loss_sha256"):
-        return "identical" if other["val_loss_sha256"] == row["val_loss_sha256"] \
+        return "same fingerprint" if other["val_loss_sha256"] == row["val_loss_sha256"] \
             else "differs"
-    try:
-        same = (int(other["selected_round"]) == row["selected_round"]
-                and all(float(other[k]) == row[k] for k in _SAME[1:]))
-    except ValueError:
-        return "differs"
+    same = (int(other["selected_round"]) == row["selected_round"]
+            and all(float(other[k]) == row[k] for k in _SAME[1:]))
     return "same figures" if same else "differs"
 
 
@@ -236,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
               "validation loss first differs from pinned", "fingerprint"]
     if against is not None:
-        header.append(f"same run on {other}")
+        header.append(f"against {other}")
     table = markdown_table(header, body)
     digests = markdown_table(
         ["code path", "built-in cohort files: sha256 (first 12)", "same as pinned"],
@@ -257,9 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         compared = [r for r in rows if r["same_as_against"] != "no such row"]
         same = [r for r in compared if r["same_as_against"] != "differs"]
         summary += (f" Against {args.against} ({other}): {len(same)} of {len(compared)} "
-                    f"runs the same ('same figures': the same selected round and site-mean "
-                    f"accuracy, balanced accuracy and AUC to the last bit, where that file "
-                    f"has no fingerprint).")
+                    f"runs agree ('same fingerprint': the same validation-loss curve, every "
+                    f"bit; 'same figures', where that file has no fingerprint: the same "
+                    f"selected round and site-mean accuracy, balanced accuracy and AUC, "
+                    f"every bit).")
     print(f"\n{table}\n\n{summary}\n{time.perf_counter() - started:.1f} s")
     if args.publish:
         from _published import describe_data, publish, publish_key

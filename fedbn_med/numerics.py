@@ -12,8 +12,8 @@ before any of them loads:
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's vectorised kernels (read at their first use);
 - ``MKL_CBWR=COMPATIBLE``: MKL, torch's matrix products (read at its first call). MKL's
   ``AVX2`` branch gives the same results only across Intel CPUs (on others MKL takes its
-  own branch); ``COMPATIBLE`` (SSE2) is the one branch that gave the same numbers on an
-  AMD AVX2 machine and on an Intel AVX-512 one;
+  own branch); ``COMPATIBLE`` (SSE2), the other branch tried, gave the same numbers on
+  an AMD AVX2 machine and on an Intel AVX-512 one;
 - ``NPY_DISABLE_CPU_FEATURES=X86_V4 AVX512_ICL AVX512_SPR``: numpy's loops (read when
   numpy is imported);
 - ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS (read when it loads);
@@ -110,8 +110,8 @@ def describe() -> dict[str, object]:
     """Return the code path in effect now, for a result's record.
 
     ``mode`` is ``pinned`` only when every library runs the pinned path: torch reports
-    AVX2, the other variables hold their pinned values (numpy's through its AVX-512
-    loops being off), and neither numpy nor scipy had
+    AVX2, numpy's AVX-512 loops are off, the other variables hold their pinned values,
+    and neither numpy nor scipy had
     loaded before :func:`pin` ran (``loaded_before_pin``: a script that imports numpy
     before :mod:`fedbn_med` keeps numpy's and OpenBLAS's own choice). ``numpy_x86_v4``
     says whether numpy's AVX-512 loops are in use.
@@ -125,8 +125,8 @@ def describe() -> dict[str, object]:
     capability = torch.backends.cpu.get_cpu_capability()
     variables = {name: os.environ.get(name, "") for name in PINNED}
     pinned = (capability == "AVX2" and not features.get("X86_V4", False)
-              and all(variables[name] == PINNED[name]
-                      for name in ("MKL_CBWR", "OPENBLAS_CORETYPE", "ONEDNN_MAX_CPU_ISA"))
+              and all(variables[name] == PINNED[name] for name in PINNED
+                      if name != "ATEN_CPU_CAPABILITY")
               and not _LOADED_BEFORE)
     return {"mode": "pinned" if pinned else "native", "torch_capability": capability,
             "numpy_x86_v4": bool(features.get("X86_V4", False)),
