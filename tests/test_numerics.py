@@ -229,3 +229,24 @@ def _numerics_benchmark():  # type: ignore[no-untyped-def]
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
     return importlib.import_module("numerics")
+
+
+def test_the_benchmark_compares_its_runs_with_another_machines_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    # two code paths, 2 rounds on fold 0: each runs in a fresh process of its own
+    bench = _numerics_benchmark()
+    monkeypatch.setattr(bench, "PATHS", {bench.PINNED_PATH: {},
+                                         "MKL: AVX2 branch (Intel CPUs only)":
+                                             {"MKL_CBWR": "AVX2"}})
+    other = tmp_path / "other.csv"
+    other.write_text("path,fold,selected_round,accuracy,balanced_accuracy,auc,"
+                     "val_loss_sha256\npinned,0,1,0.5,0.5,0.5,000000000000\n")
+    assert bench.main(["--folds", "1", "--rounds", "2", "--against", str(other)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| pinned | AVX2 / ")]
+    assert len(rows) == 1 and rows[0].endswith("| differs |")  # another fingerprint
+    fingerprint = rows[0].split("|")[-3].strip()
+    assert len(fingerprint) == 12 and fingerprint != "000000000000"
+    assert "| MKL: AVX2 branch (Intel CPUs only) | AVX2 / AVX2 | 0 |" in out
+    assert "no such row" in out and "0 of 1 runs agree" in out
