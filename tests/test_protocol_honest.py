@@ -224,9 +224,14 @@ def test_replace_one_epsilon_is_computed_and_larger() -> None:
         assert 2.0 < replace / add_remove < 4.0
 
 
-def test_large_epsilon_warns_and_seeded_noise_is_labelled_not_private() -> None:
+def test_large_epsilon_warns_and_seeded_noise_is_labelled_not_private(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from fedbn_med.evaluation.report import result_columns, site_table
+    from fedbn_med.fl import dp_terms
     from fedbn_med.fl.dp_terms import LargeEpsilonWarning
+
+    # each message is said once per process: start from none said, whatever ran before
+    monkeypatch.setattr(dp_terms, "_WARNED", set())
 
     with pytest.warns(LargeEpsilonWarning, match=r"spends epsilon = .*above 10"):
         RunSpec.for_task("abide", strategy="fedbn", dp_clip=1.0, dp_noise=0.5, rounds=31)
