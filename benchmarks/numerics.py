@@ -4,10 +4,12 @@ torch's vectorised kernels (``ATEN_CPU_CAPABILITY``), MKL's GEMM (``MKL_CBWR``),
 loops (``NPY_DISABLE_CPU_FEATURES``) and OpenBLAS (``OPENBLAS_CORETYPE``) pick their code
 by the CPU; :mod:`fedbn_med.numerics` pins each of them. This runs the main
 job's default spec on each fold once per code path, each in a fresh process (the
-libraries read their variable once) and, on the built-in cohort, with the cohort written
-afresh by that process. Per fold it reports the selected round, the site-mean test
-accuracy, balanced accuracy and AUC at it, and the first round at which any site's
-validation loss differs from the pinned run's; per path, a digest of the cohort's files.
+libraries read their variable once) that makes its own data: on the built-in cohort it
+writes the cohort afresh; on real data it computes the features afresh, into a feature
+cache of its own. Per fold it reports the selected round, the site-mean test accuracy,
+balanced accuracy and AUC at it, and the first round at which any site's validation loss
+differs from the pinned run's; per path, a digest of its data (the cohort's files, or
+the real features).
 A row equal to the pinned row shows the two paths round the same; one that differs
 shows how far a run moves on last-bit differences alone, which is what a machine whose
 libraries chose another path would do without the pin. Each run's fingerprint is a
@@ -100,17 +102,23 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
         out.append({"fold": fold, "selected_round": result.selected_round,
                     "last_round": result.last_round, **mean, "val_loss": curve,
                     "val_loss_sha256": fingerprint(curve)})
-    digest = "n/a (real files, read as they are)"
+    hashed = hashlib.sha256()
     if args.data_dir is None:  # the cohort this process wrote (FEDBN_MED_DATA is its own)
         from fedbn_med.paths import resolve_data_dir
 
         root = resolve_data_dir() / "builtin"  # its ABIDE_pcp/ files (not the caches)
-        hashed = hashlib.sha256()
         for path in sorted(p for p in root.glob("*/ABIDE_pcp/**/*") if p.is_file()):
             hashed.update(path.relative_to(root).as_posix().encode())
             hashed.update(path.read_bytes())
-        digest = hashed.hexdigest()[:12]
-    return {"numerics": describe(), "cohort_sha256": digest, "folds": out}
+    else:  # the features this process computed from the real files (its own cache)
+        import numpy as np
+
+        for path in sorted((args.data_dir / "cache").glob("abide_*.npz")):
+            with np.load(path) as cached:
+                for name in ("features", "labels", "mean_fd"):
+                    hashed.update(np.ascontiguousarray(cached[name]).tobytes())
+    digest = hashed.hexdigest()[:12]
+    return {"numerics": describe(), "data_sha256": digest, "folds": out}
 
 
 def fingerprint(val_loss: Sequence[Mapping[str, float]]) -> str:
@@ -175,6 +183,21 @@ def same_as(row: Mapping[str, object], other: Mapping[str, str] | None) -> str:
     return "same figures" if same else "differs"
 
 
+def _without(argv: Sequence[str], flags: Sequence[str], options: Sequence[str]
+             ) -> list[str]:
+    """Return ``argv`` less ``flags`` and less ``options`` with their values."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif arg not in flags and not any(arg.startswith(f"{o}=") for o in options):
+            out.append(arg)
+    return out
+
+
 def _first_difference(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]]
                       ) -> int | None:
     """Return the first round (1-based) at which any site's validation loss differs."""
@@ -197,18 +220,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     given = sys.argv[1:] if argv is None else list(argv)
-    forwarded = [a for i, a in enumerate(given) if a != "--publish" and a != "--against"
-                 and not a.startswith("--against=")
-                 and not (i > 0 and given[i - 1] == "--against")]
+    forwarded = _without(given, flags=("--publish",), options=("--against", "--data-dir"))
     results: dict[str, dict[str, object]] = {}
     scratch = tempfile.TemporaryDirectory(prefix="fedbn-numerics-")
     for i, (label, variables) in enumerate(tqdm(PATHS.items(), desc="code paths",
                                                 unit="path")):
         env = {k: v for k, v in os.environ.items() if k not in (*PINNED, SWITCH)}
         env.update(variables)
-        env["FEDBN_MED_DATA"] = str(Path(scratch.name) / str(i))  # a cohort of its own
+        own = Path(scratch.name) / str(i)
+        env["FEDBN_MED_DATA"] = str(own)  # a cohort of its own
+        data = []
+        if args.data_dir is not None:  # the real files, with a feature cache of its own
+            (own / "real").mkdir(parents=True)
+            (own / "real" / "ABIDE_pcp").symlink_to((args.data_dir / "ABIDE_pcp").resolve())
+            data = ["--data-dir", str(own / "real")]
         done = subprocess.run([sys.executable, str(Path(__file__).resolve()), _WORKER_FLAG,
-                               *forwarded], env=env, capture_output=True, text=True,
+                               *forwarded, *data], env=env, capture_output=True, text=True,
                               check=False)
         if done.returncode != 0:
             raise SystemExit(f"the {label!r} run failed (exit {done.returncode}):\n"
@@ -241,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "balanced_accuracy": got["balanced_accuracy"], "auc": got["auc"],
                    "first_difference_round": first if first is not None else "",
                    "val_loss_sha256": got["val_loss_sha256"],
-                   "cohort_sha256": result["cohort_sha256"]}
+                   "data_sha256": result["data_sha256"]}
             line = [label, f"{capability} / {mkl}", got["fold"],
                     f"{got['selected_round']} of {got['last_round']}",
                     _pct(got["accuracy"]), _pct(got["balanced_accuracy"]),
@@ -258,13 +285,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if against is not None:
         header.append(f"against {other}")
     table = markdown_table(header, body)
-    if args.data_dir is None:  # real files are read as they are: no digest to compare
-        digests = markdown_table(
-            ["code path", "built-in cohort files: sha256 (first 12)", "same as pinned"],
-            [[label, r["cohort_sha256"],
-              "yes" if r["cohort_sha256"] == results[PINNED_PATH]["cohort_sha256"] else "no"]
-             for label, r in results.items()])
-        table = f"{table}\n\n{digests}"
+    what = ("built-in cohort files" if args.data_dir is None
+            else "features computed from the real files")
+    digests = markdown_table(
+        ["code path", f"{what}: sha256 (first 12)", "same as pinned"],
+        [[label, r["data_sha256"],
+          "yes" if r["data_sha256"] == results[PINNED_PATH]["data_sha256"] else "no"]
+         for label, r in results.items()])
+    table = f"{table}\n\n{digests}"
     data = ("built-in cohort" if args.data_dir is None
             else f"real ABIDE, sites {', '.join(spec.sites)}")
     others = [r for r in rows if r["path"] != PINNED_PATH]
