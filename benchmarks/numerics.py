@@ -113,10 +113,15 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
     else:  # the features this process computed from the real files (its own cache)
         import numpy as np
 
-        for path in sorted((args.data_dir / "cache").glob("abide_*.npz")):
-            with np.load(path) as cached:
-                for name in ("features", "labels", "mean_fd"):
-                    hashed.update(np.ascontiguousarray(cached[name]).tobytes())
+        from fedbn_med.tasks.abide.build import resolve_site_data_dir
+        from fedbn_med.tasks.abide.data import load_site_features
+        from fedbn_med.tasks.abide.sites import load_sites
+
+        for name, site in sorted(load_sites(list(spec.sites)).items()):
+            feats = load_site_features(resolve_site_data_dir(site, spec),
+                                       site.abide_site_ids, name=name)
+            for array in (feats.features, feats.labels, feats.mean_fd):
+                hashed.update(np.ascontiguousarray(array).tobytes())
     digest = hashed.hexdigest()[:12]
     return {"numerics": describe(), "data_sha256": digest, "folds": out}
 
