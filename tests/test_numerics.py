@@ -60,13 +60,17 @@ def test_cpu_flags_read_from_cpuinfo(tmp_path: Path) -> None:
     assert not numerics.pinnable(frozenset(), "x86_64")
 
 
-def _fresh(env_changes: dict[str, str], code: str) -> dict:
+def _stdout(env_changes: dict[str, str], code: str) -> str:
+    """Run ``code`` in a fresh interpreter without the pin's variables; return its stdout."""
     env = {k: v for k, v in os.environ.items()
            if k not in (*numerics.PINNED, numerics.SWITCH)}
     env.update(env_changes)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+
+
+def _fresh(env_changes: dict[str, str], code: str) -> dict:
+    return json.loads(_stdout(env_changes, code).strip().splitlines()[-1])
 
 
 _REPORT = ("import json, os\nimport fedbn_med\nfrom fedbn_med import numerics\n"
@@ -117,12 +121,8 @@ def test_onednn_convolutions_run_on_the_pinned_isa() -> None:
     # anyway: it tests the cap only where the CPU has more (AVX-512, AMX).
     code = ("import fedbn_med, torch\n"
             "torch.nn.Conv3d(1, 8, 3)(torch.ones(2, 1, 16, 16, 16))\n")
-    env = {k: v for k, v in os.environ.items()
-           if k not in (*numerics.PINNED, numerics.SWITCH)}
-    env["ONEDNN_VERBOSE"] = "1"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=120, check=True)
-    isa = [line for line in done.stdout.splitlines() if ",cpu,isa:" in line]
+    out = _stdout({"ONEDNN_VERBOSE": "1"}, code)
+    isa = [line for line in out.splitlines() if ",cpu,isa:" in line]
     assert isa and isa[0].endswith("isa:Intel AVX2"), isa
 
 
