@@ -164,6 +164,15 @@ class Benchmark:
         #: Several real federations in one table (``{"A": sites, ...}``): published as
         #: ``<name>-real``, its data described group by group.
         self.real_groups: Mapping[str, Sequence[str]] | None = None
+        #: A run with other features than the default's (e.g. ``"tangent"``): its results
+        #: and its published table get their own folder and key.
+        self.variant: str | None = None
+
+    def set_variant(self, variant: str | None) -> None:
+        """Publish and write this run apart from the default's (see :attr:`variant`)."""
+        self.variant = variant
+        if variant and self.args.out is None:
+            self.out = (RESULTS_DIR / f"{self.name}-{variant}").resolve()
 
     @property
     def folds(self) -> range:
@@ -281,7 +290,7 @@ class Benchmark:
             report = report.replace(str(self.args.data_dir), "DATA_DIR")
         design = (f"{self.args.rounds} rounds, {self.args.folds} fold(s) x "
                   f"{self.args.seeds} repetition(s)")
-        key = publish_key(self.name, sites if real else None, real)
+        key = publish_key(self.name, sites if real else None, real, self.variant)
         folder = publish(key, name=self.name, argv=self.argv, report=report, csv_text=csv,
                          data=data, protocol=f"{design}{'; ' + protocol if protocol else ''}",
                          wall_time_s=self.wall_time, check=check)

@@ -44,11 +44,18 @@ _BLOCK = re.compile(r"<!-- results:(?P<key>[^ ]+) -->\n(?P<body>.*?)<!-- /result
                     re.DOTALL)
 
 
-def publish_key(name: str, sites: Sequence[str] | None, real: bool) -> str:
-    """Return the README key of a benchmark's table (its name, or name-real-SITES)."""
+def publish_key(name: str, sites: Sequence[str] | None, real: bool,
+                variant: str | None = None) -> str:
+    """Return the README key of a benchmark's table (its name, or name-real-SITES).
+
+    A ``variant`` (a run of the benchmark with other features, e.g. ``tangent``) is
+    appended, so it is published beside the default's table, not over it.
+    """
     if not real:
-        return name
-    return f"{name}-real-{'_'.join(sites or ())}" if sites else f"{name}-real"
+        key = name
+    else:
+        key = f"{name}-real-{'_'.join(sites or ())}" if sites else f"{name}-real"
+    return f"{key}-{variant}" if variant else key
 
 
 def describe_data(sites: Sequence[str], real: bool) -> str:

@@ -11,6 +11,11 @@ Preprocessed release, or any release in its layout).
     python benchmarks/real_compare.py --data-dir DIR --sites PITT,YALE,KKI,TRINITY
                                       [--strategies fedavg,fedbn] [--quick] [--rounds R]
                                       [--folds N] [--seeds S] [--weighting samples|equal]
+                                      [--connectivity correlation|tangent]
+
+``--connectivity tangent`` runs every strategy on tangent-space features (each site's
+reference fitted on its own training subjects) and publishes apart from the default's
+table, under ``real_compare-real-<sites>-tangent``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from collections.abc import Sequence
 
 from _common import LABELS, Benchmark, Budget, make_parser, strategy_config
 from _sweep import publish_site_comparison
+
+from fedbn_med.tasks.abide.settings import CONNECTIVITY, Settings
 
 NAME = "real_compare"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -47,8 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated strategies (default {','.join(STRATEGIES)})")
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
                         help="how shared weights are averaged (default samples)")
+    parser.add_argument("--connectivity", choices=CONNECTIVITY, default=None,
+                        help="the connectivity features (default: the task's, "
+                             f"{Settings().connectivity}); another is published apart")
     bench = Benchmark(parser, argv)
     args = bench.args
+    features = args.connectivity or Settings().connectivity
+    bench.set_variant(None if features == Settings().connectivity else features)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
     unknown = [s for s in args.strategies if s not in KNOWN]
@@ -57,11 +69,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{', '.join(sorted(KNOWN))}")
     sites = args.sites = tuple(args.sites or SITES)
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
-                                               weighting=args.weighting)
+                                               weighting=args.weighting,
+                                               connectivity=features)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
-    notes = (f"Sites {', '.join(sites)} from {data}; {spec.settings.optimizer.upper()} lr "
+    notes = (f"Sites {', '.join(sites)} from {data}; "
+             f"{features + ' features; ' if bench.variant else ''}"
+             f"{spec.settings.optimizer.upper()} lr "
              f"{spec.lr:g}, batch {spec.batch_size}, {spec.local_epochs} local epoch(s) per "
              f"round, dropout {spec.dropout:g}, weighting {args.weighting}.")
     return publish_site_comparison(

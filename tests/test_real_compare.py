@@ -92,3 +92,33 @@ def test_every_abide_site_id_has_one_site_file() -> None:
         i: [n] for i, n in zip(ABIDE_I_SITE_IDS, [
             i.removesuffix("_1") if i in ("UM_1", "UCLA_1") else i
             for i in ABIDE_I_SITE_IDS])}
+
+
+def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, release: Path,
+                                                tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import _published
+
+    published = tmp_path / "published"
+    monkeypatch.setattr(_published, "PUBLISHED_DIR", published)
+    monkeypatch.setattr(_published, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text("# none\n", encoding="utf-8")
+    sites = ",".join(SITES)
+    argv = ["--quick", "--data-dir", str(release), "--sites", sites, "--strategies", "fedbn",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--publish"]
+    assert real_compare.main([*argv, "--out", str(tmp_path / "t"), "--connectivity",
+                              "tangent"]) == 0
+    assert "tangent features;" in capsys.readouterr().out
+    key = "real_compare-real-PITT_YALE_KKI-tangent"
+    assert sorted(p.name for p in published.iterdir()) == [key]
+    meta = (published / key / "meta.json").read_text(encoding="utf-8")
+    assert "--connectivity tangent" in meta
+    # the default's features publish under the default's key, with other numbers
+    assert real_compare.main([*argv, "--out", str(tmp_path / "c")]) == 0
+    assert sorted(p.name for p in published.iterdir()) == ["real_compare-real-PITT_YALE_KKI",
+                                                          key]
+    tangent = (published / key / "table.csv").read_text(encoding="utf-8")
+    plain = (published / "real_compare-real-PITT_YALE_KKI" / "table.csv").read_text(
+        encoding="utf-8")
+    assert tangent != plain

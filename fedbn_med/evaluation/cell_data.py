@@ -5,8 +5,8 @@ the site's split seed and the repetition seed
 (:func:`fedbn_med.tasks.abide.splits.repetition_split_seed`), so that every method of a
 cell and its reference rows see the same subjects; validation is carved from the training
 part only. :func:`with_features` rebuilds the rows of a method whose strategy or settings
-transform the features (per-site z, ComBat, FD regression, sliding windows), fitted on
-the training rows only, on the same split.
+transform the features (per-site z, ComBat, FD regression, sliding windows, tangent
+space), fitted on the training rows only, on the same split.
 """
 
 from __future__ import annotations
@@ -75,16 +75,14 @@ def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
 
     :func:`prepare_sites` gives whole-series features, which every method of a cell and
     the reference rows share. A method whose strategy or settings transform them (per-site
-    z, ComBat, FD regression, sliding windows) gets its rows built as a run of it builds
-    them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on the training
-    rows only), on the same split. ``sites``: their site files, loaded from ``sites/``
+    z, ComBat, FD regression, sliding windows, tangent space) gets its rows built as a run
+    of it builds them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on
+    the training rows only), on the same split. ``sites``: their site files, loaded from ``sites/``
     when omitted.
     """
-    from fedbn_med.tasks.abide.build import feature_transform, prepare_site_data
+    from fedbn_med.tasks.abide.build import has_feature_chain, prepare_site_data
 
-    settings = spec.settings
-    if not (getattr(settings, "windows", 0) or getattr(settings, "fd_regression", False)
-            or feature_transform(spec) != "none"):
+    if not has_feature_chain(spec):
         return prepared
     if sites is None:
         from fedbn_med.tasks.abide.sites import load_sites

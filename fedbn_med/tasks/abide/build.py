@@ -33,6 +33,7 @@ __all__ = [
     "build_trainer",
     "check_sites",
     "feature_transform",
+    "has_feature_chain",
     "pooled_data",
     "prepare",
     "prepare_site_data",
@@ -88,8 +89,21 @@ def feature_transform(config: RunSpec) -> str:
     return wanted or own
 
 
+def has_feature_chain(config: RunSpec) -> bool:
+    """Return whether the run's rows differ from the whole-series correlation features.
+
+    True with windows, tangent-space connectivity, FD regression or a harmonisation:
+    the rows then go through :func:`site_rows` (and :func:`prepare_site_data` builds
+    them, fitted on the training rows only).
+    """
+    settings = config.settings
+    return bool(getattr(settings, "windows", 0) or getattr(settings, "fd_regression", False)
+                or getattr(settings, "connectivity", "correlation") != "correlation"
+                or feature_transform(config) != "none")
+
+
 def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
-    """Return a site's rows per split, after windowing and FD regression (no harmonising).
+    """Return a site's rows per split, after windowing or tangent space and FD regression.
 
     Each split maps to ``(features, labels, subject, mean_fd)``: one row per subject, or
     one per window with ``windows`` set (``subject`` then says whose window a row is).
@@ -104,6 +118,11 @@ def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
 
         x, subject = window_rows(data_dir, feats, SlidingWindowConnectivity(
             settings.windows, settings.window_step))
+    elif settings.connectivity == "tangent":
+        from fedbn_med.tasks.abide.transforms import tangent_rows
+
+        # the reference is this site's training subjects' mean: fitted here, kept here
+        x, subject = tangent_rows(data_dir, feats, split.train), np.arange(feats.n_subjects)
     else:
         x, subject = np.asarray(feats.features), np.arange(feats.n_subjects)
     out: dict[str, Rows] = {}
@@ -139,14 +158,14 @@ def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dic
 def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
     """Load a site's connectivity features and split them for this run's fold.
 
-    With the task's feature options (windows, FD regression, harmonisation: see
+    With the task's feature options (windows, tangent space, FD regression, harmonisation: see
     :class:`~fedbn_med.tasks.abide.settings.Settings`) the rows go through
     :func:`site_rows` and the harmonisation, each fitted on the training rows only.
     """
     from fedbn_med.training.trainer import SiteData
 
     settings = config.settings
-    if settings.windows or settings.fd_regression or feature_transform(config) != "none":
+    if has_feature_chain(config):
         rows = _harmonised(site, config, site_rows(site, config))
 
         def tensors(name: str) -> tuple[torch.Tensor, torch.Tensor]:

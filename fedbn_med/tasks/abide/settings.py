@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["COHORT_VERSION", "COMPARE", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
+__all__ = ["COHORT_VERSION", "COMPARE", "CONNECTIVITY", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
            "HARMONIZERS", "NUM_FEATURES", "OPTIMIZERS", "THRESHOLDS", "Settings"]
 
 #: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
@@ -41,6 +41,10 @@ COMPARE = ("singleset", "fedavg", "fedprox", "fedbn", "silobn", "fedavg_localbn"
 #: (:mod:`fedbn_med.tasks.abide.harmonize`): none, per-site z-scores, ComBat.
 HARMONIZERS = ("none", "site_z", "combat")
 
+#: How a subject's connectivity is described (``Settings.connectivity``): Fisher-z
+#: correlations, or the tangent space at the site's own training subjects' mean.
+CONNECTIVITY = ("correlation", "tangent")
+
 #: The transforms a strategy may ask of this task (``Strategy.features``).
 FEATURE_TRANSFORMS = HARMONIZERS[1:]
 
@@ -63,6 +67,13 @@ class Settings:
     site_effect : float
         Strength of the built-in cohort's site effects (0: every site scans alike; 1: the
         real sites' figures). Ignored for real ABIDE data.
+    connectivity : str
+        ``"correlation"``: Fisher-z Pearson correlations of the whole series (the FedBN
+        paper). ``"tangent"``: each subject's shrunk covariance in the tangent space at
+        the geometric mean of the site's own training subjects (fitted per site and
+        fold, never on validation or test subjects; see
+        :class:`fedbn_med.tasks.abide.transforms.TangentConnectivity`). Not with
+        ``windows``.
     harmonize : str
         Feature harmonisation fitted on each run's training rows: ``"none"``,
         ``"site_z"`` (each site z-scores every feature with its own training mean and
@@ -91,6 +102,7 @@ class Settings:
 
     task: ClassVar[str] = "abide"
     site_effect: float = 1.0
+    connectivity: str = "correlation"
     harmonize: str = "none"
     fd_regression: bool = False
     windows: int = 0
@@ -104,8 +116,8 @@ class Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
-        for name, valid in (("harmonize", HARMONIZERS), ("optimizer", OPTIMIZERS),
-                            ("threshold", THRESHOLDS)):
+        for name, valid in (("connectivity", CONNECTIVITY), ("harmonize", HARMONIZERS),
+                            ("optimizer", OPTIMIZERS), ("threshold", THRESHOLDS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
                                  f"{getattr(self, name)!r}.")
@@ -119,6 +131,10 @@ class Settings:
                 self.window_step < 1):
             raise ValueError(f"window_step must be a positive integer, got "
                              f"{self.window_step!r}.")
+        if self.windows and self.connectivity != "correlation":
+            raise ValueError(f"windows={self.windows} cuts correlation windows; it does not "
+                             f"combine with connectivity={self.connectivity!r}. Set windows=0 "
+                             "or connectivity=correlation.")
         wd = self.weight_decay
         if isinstance(wd, bool) or not isinstance(wd, (int, float)) or not (
                 math.isfinite(wd) and wd >= 0):
@@ -127,7 +143,8 @@ class Settings:
     def log_params(self) -> dict[str, object]:
         """Return what MLflow logs of these settings (with the built-in cohort's version)."""
         return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION,
-                "harmonize": self.harmonize, "fd_regression": self.fd_regression,
+                "connectivity": self.connectivity, "harmonize": self.harmonize,
+                "fd_regression": self.fd_regression,
                 "windows": self.windows, "window_step": self.window_step,
                 "optimizer": self.optimizer, "weight_decay": self.weight_decay,
                 "threshold": self.threshold}

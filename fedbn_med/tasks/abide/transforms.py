@@ -1,4 +1,4 @@
-"""MONAI-style transforms of the ABIDE feature chain: sliding-window connectivity.
+"""MONAI-style transforms of the ABIDE feature chain: sliding windows, tangent space.
 
 The published federated ABIDE pipeline (Li et al., Medical Image Analysis 2020, which the
 FedBN paper's ABIDE set-up follows) augments the data by cutting each subject's ROI
@@ -13,11 +13,20 @@ per window. :class:`SlidingWindowConnectivity` is that step as a MONAI
 package's own reader, and returns one row per window with the subject each row
 belongs to; at test time a subject is scored by the mean of its windows' probabilities
 (:class:`fedbn_med.training.trainer.SiteData` ``*_groups``).
+
+:class:`TangentConnectivity` is the other way to describe a subject's connectivity: each
+subject's covariance (Ledoit-Wolf shrinkage of the standardised series) is mapped into
+the tangent space at the mean of the *site's own training subjects*, so the reference is
+fitted where the data are, on training rows only, and never leaves the site (the tangent
+embedding of Varoquaux et al., MICCAI 2010; Abraham et al., NeuroImage 2017, found
+tangent-space connectivity the strongest measure for ABIDE across sites).
+:func:`tangent_rows` applies it to a site.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,10 +37,11 @@ from fedbn_med.tasks.abide.data import (
     SiteFeatures,
     check_abide_files,
     connectivity_features,
+    edge_index,
     read_roi_time_series,
 )
 
-__all__ = ["SlidingWindowConnectivity", "window_rows"]
+__all__ = ["SlidingWindowConnectivity", "TangentConnectivity", "tangent_rows", "window_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,21 +113,37 @@ def window_rows(data_dir: str | Path, feats: SiteFeatures,
                         feats.file_ids, feats.n_features, transform.window, transform.step)
 
 
-@lru_cache(maxsize=4)
-def _window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
-                 file_ids: tuple[str, ...], n_features: int, window: int, step: int
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    transform = SlidingWindowConnectivity(window, step)
+@lru_cache(maxsize=8)
+def _site_series(data_dir: str, site: str, site_ids: tuple[str, ...],
+                 file_ids: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """Return the ROI series of a site's subjects, in ``file_ids`` order (read-only)."""
     selected = check_abide_files(data_dir, list(site_ids))
     paths = dict(zip((str(f) for f in selected["FILE_ID"]), selected["path"]))
     missing = [f for f in file_ids if f not in paths]
     if missing:
         raise ValueError(f"Site {site}: no ROI file for {len(missing)} subject(s) whose "
                          f"features were loaded (e.g. {missing[0]}) under {data_dir}.")
+    out = []
+    for file_id in file_ids:
+        series, _ = read_roi_time_series(paths[file_id])
+        series.setflags(write=False)
+        out.append(series)
+    return tuple(out)
+
+
+def _series_of(data_dir: str | Path, feats: SiteFeatures) -> tuple[np.ndarray, ...]:
+    return _site_series(str(data_dir), feats.site, tuple(sorted(set(feats.abide_site_ids))),
+                        feats.file_ids)
+
+
+@lru_cache(maxsize=4)
+def _window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
+                 file_ids: tuple[str, ...], n_features: int, window: int, step: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    transform = SlidingWindowConnectivity(window, step)
     blocks: list[np.ndarray] = []
     owners: list[np.ndarray] = []
-    for index, file_id in enumerate(file_ids):
-        series, _ = read_roi_time_series(paths[file_id])
+    for index, series in enumerate(_site_series(data_dir, site, site_ids, file_ids)):
         block = transform(series)
         blocks.append(block)
         owners.append(np.full(block.shape[0], index, dtype=np.int64))
@@ -131,3 +157,128 @@ def _window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
     for array in (rows, subject):
         array.setflags(write=False)
     return rows, subject
+
+
+class TangentConnectivity(Transform):
+    """Map subjects' covariances into the tangent space at a reference fitted on others.
+
+    Each subject's covariance is the Ledoit-Wolf shrinkage estimate of its z-scored
+    series (a correlation-like, positive definite matrix even with a constant ROI).
+    :meth:`fit` sets the reference from the training subjects' covariances: their
+    log-Euclidean mean ``expm(mean_i logm(C_i))`` (Arsigny et al., 2007; closed form, so
+    no iteration that may stop short). Calling the fitted transform on any subjects'
+    series returns, per subject, ``logm(R^-1/2 C R^-1/2)``: the upper triangle without
+    the diagonal, as ``float32``, in the same edge order as the correlation features
+    (:func:`~fedbn_med.tasks.abide.data.edge_index`), so the network's input is unchanged
+    (6105 values for 111 ROIs).
+    """
+
+    def __init__(self) -> None:
+        self._whiten: np.ndarray | None = None
+
+    @staticmethod
+    def _check(series: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
+        data = [np.asarray(s, dtype=np.float64) for s in series]
+        if not data:
+            raise ValueError(f"TangentConnectivity.{what} needs at least one subject's series.")
+        rois = {d.shape[1] if d.ndim == 2 else -1 for d in data}
+        if len(rois) != 1 or -1 in rois or min(d.shape[0] for d in data) < 2:
+            raise ValueError(f"TangentConnectivity.{what} expects (n_volumes >= 2, n_rois) "
+                             f"series with one ROI count, got shapes "
+                             f"{sorted({d.shape for d in data})[:3]}.")
+        return data
+
+    @staticmethod
+    def covariance(series: np.ndarray) -> np.ndarray:
+        """Return the Ledoit-Wolf covariance of one subject's z-scored series."""
+        from sklearn.covariance import ledoit_wolf
+
+        data = np.asarray(series, dtype=np.float64)
+        centred = data - data.mean(0)
+        scale = centred.std(0, ddof=1)
+        scale[scale < np.finfo(np.float64).eps] = 1.0  # a constant ROI stays all zero
+        covariance, _ = ledoit_wolf(centred / scale, assume_centered=True)
+        return covariance
+
+    @property
+    def n_rois(self) -> int | None:
+        """Return the ROI count the transform was fitted on (None before :meth:`fit`)."""
+        return None if self._whiten is None else self._whiten.shape[0]
+
+    def fit(self, series: Sequence[np.ndarray]) -> TangentConnectivity:
+        """Fit the reference on these (training) subjects' series and return self."""
+        data = self._check(series, "fit")
+        mean_log = np.mean([_spd_map(self.covariance(d), np.log) for d in data], axis=0)
+        # R^-1/2 of R = expm(mean_log) is expm(-mean_log / 2)
+        self._whiten = _spd_map(mean_log, lambda v: np.exp(-v / 2.0), spd=False)
+        return self
+
+    @property
+    def reference(self) -> np.ndarray:
+        """Return the fitted reference covariance ``R``."""
+        if self._whiten is None:
+            raise RuntimeError("TangentConnectivity must be fitted (fit) before it is used.")
+        return _spd_map(self._whiten, lambda v: v ** -2.0)
+
+    def __call__(self, series: Sequence[np.ndarray]) -> np.ndarray:
+        """Return ``float32`` ``(n_subjects, n_rois * (n_rois - 1) / 2)`` tangent vectors."""
+        if self._whiten is None:
+            raise RuntimeError("TangentConnectivity must be fitted (fit) before it is used.")
+        data = self._check(series, "__call__")
+        w = self._whiten
+        if data[0].shape[1] != w.shape[0]:
+            raise ValueError(f"TangentConnectivity was fitted on {w.shape[0]} ROIs, got "
+                             f"series of {data[0].shape[1]}.")
+        rows, cols = edge_index(w.shape[0])
+        out = np.empty((len(data), rows.size), dtype=np.float32)
+        for i, d in enumerate(data):
+            out[i] = _spd_map(w @ self.covariance(d) @ w, np.log)[rows, cols]
+        return out
+
+
+def _spd_map(matrix: np.ndarray, fn, *, spd: bool = True) -> np.ndarray:  # noqa: ANN001
+    """Return ``V fn(L) V^T`` for the symmetric ``matrix = V L V^T``.
+
+    With ``spd`` the eigenvalues must be positive (a covariance); a matrix that is not
+    is refused rather than giving NaN.
+    """
+    sym = (matrix + matrix.T) / 2.0
+    values, vectors = np.linalg.eigh(sym)
+    if spd and not values.min() > 0:
+        raise ValueError(f"Expected a positive definite matrix, got smallest eigenvalue "
+                         f"{values.min():.3g}.")
+    return (vectors * fn(values)) @ vectors.T
+
+
+def tangent_rows(data_dir: str | Path, feats: SiteFeatures,
+                 train: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Return a site's tangent-space features, the reference fitted on ``train`` only.
+
+    Parameters
+    ----------
+    data_dir : str or pathlib.Path
+        The folder holding ``ABIDE_pcp/`` that ``feats`` was loaded from.
+    feats : SiteFeatures
+        The site's subjects, in their order.
+    train : sequence of int
+        Indices (into ``feats``) of the subjects the reference is fitted on: the run's
+        training split, never its validation or test subjects.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``float32`` ``(n_subjects, n_features)``, one row per subject of ``feats``.
+    """
+    index = np.asarray(train, dtype=np.int64)
+    if index.size == 0:
+        raise ValueError(f"Site {feats.site}: the tangent-space reference needs at least one "
+                         "training subject, got none.")
+    series = _series_of(data_dir, feats)
+    transform = TangentConnectivity().fit([series[i] for i in index])
+    rows = transform(series)
+    if rows.shape[1] != feats.n_features:
+        raise ValueError(f"Site {feats.site}: tangent features have {rows.shape[1]} columns "
+                         f"but the site's features have {feats.n_features}.")
+    logger.info("%s: tangent space at the geometric mean of %d training subjects.",
+                feats.site, index.size)
+    return rows
