@@ -66,7 +66,8 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
         cells = list(csv.DictReader(handle))
     # the default is run once per group and shared by every axis: 3 settings x 2 groups
     assert sorted((c["group"], c["config"]) for c in cells) == sorted(
-        (g, c) for g in "AB" for c in ("default", "harmonize=site_z;windows=0",
+        (g, c) for g in "AB" for c in ("default",
+                                       "connectivity=correlation;harmonize=site_z;windows=0",
                                        "lr=0.001;optimizer=adam"))
     with open(out / "table.csv", newline="", encoding="utf-8") as handle:
         table = list(csv.DictReader(handle))

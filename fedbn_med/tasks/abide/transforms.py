@@ -113,7 +113,7 @@ def window_rows(data_dir: str | Path, feats: SiteFeatures,
                         feats.file_ids, feats.n_features, transform.window, transform.step)
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=16)  # a 14-site federation's series (about 100 MB) stay in memory
 def _site_series(data_dir: str, site: str, site_ids: tuple[str, ...],
                  file_ids: tuple[str, ...]) -> tuple[np.ndarray, ...]:
     """Return the ROI series of a site's subjects, in ``file_ids`` order (read-only)."""
