@@ -177,6 +177,12 @@ def test_corrected_intervals_are_wider_and_reported(comparison: Comparison) -> N
     tests = comparison.subject_tests("fedbn", "fedavg", n_boot=200)
     assert tests is not None and 0 <= tests["mcnemar_p"] <= 1 and 0 <= tests["delong_p"] <= 1
     assert tests["subjects"] == sum(o[0].size for o in comparison.out_of_fold("fedbn").values())
+    assert tests["bootstrap_auc_ci_low"] <= tests["bootstrap_auc_diff"] <= tests[
+        "bootstrap_auc_ci_high"]
+    same = comparison.subject_tests("fedbn", "fedbn", n_boot=200)
+    assert same is not None and same["bootstrap_auc_diff"] == 0.0
+    assert same["bootstrap_auc_ci_low"] == same["bootstrap_auc_ci_high"] == 0.0
+    assert "bootstrap AUC diff (pp) [95 % CI]" in report
     metrics = comparison.metrics()
     assert "fedbn_minus_fedavg.balanced_accuracy.best.corrected_ci_low" in metrics
 

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedbn_med.evaluation.paired_tests import bootstrap_repeated_difference, delong, mcnemar
+from fedbn_med.evaluation.paired_tests import (
+    bootstrap_difference,
+    bootstrap_repeated_difference,
+    delong,
+    mcnemar,
+)
 
 if TYPE_CHECKING:
     from fedbn_med.evaluation.comparison import Comparison
@@ -65,7 +70,9 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
     per subject). The bootstrap estimates what the cells do, the mean over
     repetitions of the site-mean balanced accuracy difference of each repetition's
     pooled out-of-fold predictions, resampling subjects within each site once per
-    bootstrap for every repetition alike.
+    bootstrap for every repetition alike. The AUC bootstrap resamples subjects within
+    each site too, on the repetition-averaged P(ASD), and differences the site-mean AUC
+    (the tables' AUC, where DeLong's is the AUC of the sites' pooled subjects).
     """
     oa, ob = pooled_predictions(comparison, a), pooled_predictions(comparison, b)
     sites = [s for s in oa if s in ob and np.array_equal(oa[s][0], ob[s][0])]
@@ -82,12 +89,14 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
     rep_a, rep_b, tested = _by_repetition(comparison, a, b, {s: oa[s][0] for s in sites})
     bal, bal_low, bal_high = bootstrap_repeated_difference(y, rep_a, rep_b, strata, tested,
                                                            n_boot=n_boot)
+    auc, auc_low, auc_high = bootstrap_difference(y, pa, pb, strata, "auc", n_boot=n_boot)
     return {"subjects": float(y.size), "mcnemar_a_only": float(mc.a_only),
             "mcnemar_b_only": float(mc.b_only), "mcnemar_p": mc.p_value,
             "delong_auc_diff": dl.difference, "delong_ci_low": dl_low,
             "delong_ci_high": dl_high, "delong_p": dl.p_value,
             "bootstrap_bal_acc_diff": bal, "bootstrap_ci_low": bal_low,
-            "bootstrap_ci_high": bal_high}
+            "bootstrap_ci_high": bal_high, "bootstrap_auc_diff": auc,
+            "bootstrap_auc_ci_low": auc_low, "bootstrap_auc_ci_high": auc_high}
 
 
 def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, np.ndarray]

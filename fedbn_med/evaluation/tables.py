@@ -53,7 +53,8 @@ def difference_table(comparison: Comparison) -> str:
 def subject_table(comparison: Comparison, n_boot: int = 2000) -> str:
     """Return the subject-level paired tests of FedBN against each method (markdown)."""
     header = ["difference", "subjects", "McNemar: only A / only B right, p",
-              "DeLong AUC diff (pp) [95 % CI], p", "bootstrap balanced acc diff (pp) [95 % CI]"]
+              "DeLong AUC diff (pp) [95 % CI], p", "bootstrap AUC diff (pp) [95 % CI]",
+              "bootstrap balanced acc diff (pp) [95 % CI]"]
     body = []
     for a, b in comparison.pairs():
         t = comparison.subject_tests(a, b, n_boot=n_boot)
@@ -61,11 +62,14 @@ def subject_table(comparison: Comparison, n_boot: int = 2000) -> str:
             continue
         auc = format_stats(t["delong_auc_diff"], t["delong_ci_low"], t["delong_ci_high"],
                            signed=True)
+        boot_auc = format_stats(t["bootstrap_auc_diff"], t["bootstrap_auc_ci_low"],
+                                t["bootstrap_auc_ci_high"], signed=True)
         bal = format_stats(t["bootstrap_bal_acc_diff"], t["bootstrap_ci_low"],
                            t["bootstrap_ci_high"], signed=True)
         body.append([f"{a} - {b}", int(t["subjects"]),
                      f"{int(t['mcnemar_a_only'])} / {int(t['mcnemar_b_only'])}, "
-                     f"p = {t['mcnemar_p']:.3f}", f"{auc}, p = {t['delong_p']:.3f}", bal])
+                     f"p = {t['mcnemar_p']:.3f}", f"{auc}, p = {t['delong_p']:.3f}",
+                     boot_auc, bal])
     return markdown_table(header, body) if body else ""
 
 
@@ -94,9 +98,11 @@ def report(comparison: Comparison) -> str:
         subjects = subject_table(comparison)
         if subjects:
             parts.append("Subject-level paired tests on the pooled out-of-fold "
-                         "predictions (McNemar and DeLong: each subject's P(ASD) "
-                         "averaged over the repetitions; bootstrap: each repetition's "
-                         "predictions, subjects resampled within sites):\n\n"
+                         "predictions (McNemar, DeLong and the AUC bootstrap: each "
+                         "subject's P(ASD) averaged over the repetitions; balanced "
+                         "accuracy bootstrap: each repetition's predictions; both "
+                         "bootstraps resample subjects within sites and difference the "
+                         "site-mean score):\n\n"
                          + subjects)
     rounds = [c.best_round for c in comparison.cells if not c.reference]
     if rounds:
