@@ -54,13 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"comma-separated strategies (default {','.join(STRATEGIES)})")
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
                         help="how shared weights are averaged (default samples)")
-    parser.add_argument("--connectivity", choices=CONNECTIVITY, default=None,
-                        help="the connectivity features (default: the task's, "
-                             f"{Settings().connectivity}); another is published apart")
+    default = Settings().connectivity
+    parser.add_argument("--connectivity", choices=CONNECTIVITY, default=default,
+                        help=f"the connectivity features (default: the task's, {default}); "
+                             "another is published apart")
     bench = Benchmark(parser, argv)
     args = bench.args
-    features = args.connectivity or Settings().connectivity
-    bench.set_variant(None if features == Settings().connectivity else features)
+    features = args.connectivity
+    bench.set_variant(None if features == default else features)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
     unknown = [s for s in args.strategies if s not in KNOWN]

@@ -91,7 +91,7 @@ def test_tangent_errors_say_what_is_wrong():
 def test_a_site_fits_its_reference_on_its_training_split_only(small_cohort):
     from fedbn_med.tasks.abide.build import _load_split, prepare_site_data, site_rows
     from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.tasks.abide.transforms import _series_of
+    from fedbn_med.tasks.abide.transforms import _site_series
 
     site = load_sites(["UCLA"])["UCLA"]
     spec = RunSpec.for_task("abide", sites=("UCLA",), data_dir=small_cohort,
@@ -103,7 +103,8 @@ def test_a_site_fits_its_reference_on_its_training_split_only(small_cohort):
     assert not np.allclose(data.train[0].numpy(), plain.train[0].numpy())
     # by hand: the reference fitted on the training subjects alone gives the same rows
     data_dir, feats, split = _load_split(site, spec)
-    series = _series_of(data_dir, feats)
+    series = _site_series(str(data_dir), feats.site, tuple(sorted(set(
+        feats.abide_site_ids))), feats.file_ids)
     expected = TangentConnectivity().fit([series[i] for i in split.train])(
         [series[i] for i in split.test])
     np.testing.assert_array_equal(data.test[0].numpy(), expected)

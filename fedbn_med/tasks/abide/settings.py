@@ -70,7 +70,7 @@ class Settings:
     connectivity : str
         ``"correlation"``: Fisher-z Pearson correlations of the whole series (the FedBN
         paper). ``"tangent"``: each subject's shrunk covariance in the tangent space at
-        the geometric mean of the site's own training subjects (fitted per site and
+        the log-Euclidean mean of the site's own training subjects (fitted per site and
         fold, never on validation or test subjects; see
         :class:`fedbn_med.tasks.abide.transforms.TangentConnectivity`). Not with
         ``windows``.

@@ -131,9 +131,20 @@ def _site_series(data_dir: str, site: str, site_ids: tuple[str, ...],
     return tuple(out)
 
 
-def _series_of(data_dir: str | Path, feats: SiteFeatures) -> tuple[np.ndarray, ...]:
-    return _site_series(str(data_dir), feats.site, tuple(sorted(set(feats.abide_site_ids))),
-                        feats.file_ids)
+@lru_cache(maxsize=16)
+def _site_covariances(data_dir: str, site: str, site_ids: tuple[str, ...],
+                      file_ids: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """Return each subject's :meth:`TangentConnectivity.covariance` (read-only).
+
+    A subject's covariance does not depend on the fold, so every fold, repetition and
+    strategy of a sweep reuses it; only the reference is fitted again.
+    """
+    out = []
+    for series in _site_series(data_dir, site, site_ids, file_ids):
+        covariance = TangentConnectivity.covariance(series)
+        covariance.setflags(write=False)
+        out.append(covariance)
+    return tuple(out)
 
 
 @lru_cache(maxsize=4)
@@ -200,15 +211,15 @@ class TangentConnectivity(Transform):
         covariance, _ = ledoit_wolf(centred / scale, assume_centered=True)
         return covariance
 
-    @property
-    def n_rois(self) -> int | None:
-        """Return the ROI count the transform was fitted on (None before :meth:`fit`)."""
-        return None if self._whiten is None else self._whiten.shape[0]
-
     def fit(self, series: Sequence[np.ndarray]) -> TangentConnectivity:
         """Fit the reference on these (training) subjects' series and return self."""
-        data = self._check(series, "fit")
-        mean_log = np.mean([_spd_map(self.covariance(d), np.log) for d in data], axis=0)
+        return self.fit_covariances([self.covariance(d) for d in self._check(series, "fit")])
+
+    def fit_covariances(self, covariances: Sequence[np.ndarray]) -> TangentConnectivity:
+        """Fit the reference on subjects' :meth:`covariance` matrices and return self."""
+        if not covariances:
+            raise ValueError("TangentConnectivity.fit needs at least one subject's series.")
+        mean_log = np.mean([_spd_map(c, np.log) for c in covariances], axis=0)
         # R^-1/2 of R = expm(mean_log) is expm(-mean_log / 2)
         self._whiten = _spd_map(mean_log, lambda v: np.exp(-v / 2.0), spd=False)
         return self
@@ -216,23 +227,31 @@ class TangentConnectivity(Transform):
     @property
     def reference(self) -> np.ndarray:
         """Return the fitted reference covariance ``R``."""
+        return _spd_map(self._fitted(), lambda v: v ** -2.0)
+
+    def _fitted(self) -> np.ndarray:
         if self._whiten is None:
             raise RuntimeError("TangentConnectivity must be fitted (fit) before it is used.")
-        return _spd_map(self._whiten, lambda v: v ** -2.0)
+        return self._whiten
 
     def __call__(self, series: Sequence[np.ndarray]) -> np.ndarray:
         """Return ``float32`` ``(n_subjects, n_rois * (n_rois - 1) / 2)`` tangent vectors."""
-        if self._whiten is None:
-            raise RuntimeError("TangentConnectivity must be fitted (fit) before it is used.")
+        self._fitted()
         data = self._check(series, "__call__")
-        w = self._whiten
-        if data[0].shape[1] != w.shape[0]:
+        return self.map_covariances([self.covariance(d) for d in data], what="series")
+
+    def map_covariances(self, covariances: Sequence[np.ndarray], *,
+                        what: str = "covariances") -> np.ndarray:
+        """Return the tangent vectors of subjects' :meth:`covariance` matrices."""
+        w = self._fitted()
+        rois = {c.shape[0] for c in covariances}
+        if rois and rois != {w.shape[0]}:
             raise ValueError(f"TangentConnectivity was fitted on {w.shape[0]} ROIs, got "
-                             f"series of {data[0].shape[1]}.")
+                             f"{what} of {min(rois)}.")
         rows, cols = edge_index(w.shape[0])
-        out = np.empty((len(data), rows.size), dtype=np.float32)
-        for i, d in enumerate(data):
-            out[i] = _spd_map(w @ self.covariance(d) @ w, np.log)[rows, cols]
+        out = np.empty((len(covariances), rows.size), dtype=np.float32)
+        for i, c in enumerate(covariances):
+            out[i] = _spd_map(w @ c @ w, np.log)[rows, cols]
         return out
 
 
@@ -273,12 +292,13 @@ def tangent_rows(data_dir: str | Path, feats: SiteFeatures,
     if index.size == 0:
         raise ValueError(f"Site {feats.site}: the tangent-space reference needs at least one "
                          "training subject, got none.")
-    series = _series_of(data_dir, feats)
-    transform = TangentConnectivity().fit([series[i] for i in index])
-    rows = transform(series)
+    covariances = _site_covariances(str(data_dir), feats.site,
+                                    tuple(sorted(set(feats.abide_site_ids))), feats.file_ids)
+    transform = TangentConnectivity().fit_covariances([covariances[i] for i in index])
+    rows = transform.map_covariances(covariances)
     if rows.shape[1] != feats.n_features:
         raise ValueError(f"Site {feats.site}: tangent features have {rows.shape[1]} columns "
                          f"but the site's features have {feats.n_features}.")
-    logger.info("%s: tangent space at the geometric mean of %d training subjects.",
+    logger.info("%s: tangent space at the log-Euclidean mean of %d training subjects.",
                 feats.site, index.size)
     return rows
