@@ -5,18 +5,21 @@ prediction at the selected round (:attr:`~fedbn_med.evaluation.comparison.Cell.p
 Pooled over the folds and averaged over the repetitions, these give one out-of-fold
 prediction per subject (:func:`pooled_predictions`), on which FedBN is tested against
 each other method subject by subject (:func:`subject_tests`: McNemar on correctness,
-DeLong on AUC, stratified by site) with a bootstrap over subjects stratified by site.
+DeLong on AUC stratified by site and test fold) with bootstraps over subjects stratified
+by site.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fedbn_med.evaluation.paired_tests import (
-    bootstrap_difference,
+    DeLong,
+    bootstrap_fold_auc_difference,
     bootstrap_repeated_difference,
     delong,
     mcnemar,
@@ -65,14 +68,25 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
                   ) -> dict[str, float] | None:
     """Return the subject-level paired tests of a against b, or None without predictions.
 
-    McNemar on correctness (threshold 0.5) and DeLong on AUC stratified by site take
-    each subject's out-of-fold P(ASD) averaged over the repetitions (one prediction
-    per subject). The bootstrap estimates what the cells do, the mean over
+    McNemar on correctness (threshold 0.5) takes each subject's out-of-fold P(ASD)
+    averaged over the repetitions (one prediction per subject).
+
+    The AUC tests rank a subject only against subjects of its own site *and test fold*:
+    a site's pooled predictions come from one model per fold, and scores of different
+    models need not share a scale. A constant model shows why it matters: the majority
+    class predicts its training part's prevalence, which runs against its test fold's
+    under stratified folds, so its AUC over a site's pooled folds is below 50 %.
+    DeLong's test is computed per repetition with (site, fold) strata, combined by
+    stratum size, and its differences averaged over the repetitions with the mean of
+    their standard errors (the repetitions share their subjects: correlation 1 at
+    most, so this standard error is not too small). The AUC bootstrap resamples
+    subjects within each site, once per bootstrap for every repetition alike, and
+    differences the mean over cells of the site-mean AUC, each site's AUC within its
+    test fold: the tables' AUC.
+
+    The balanced accuracy bootstrap estimates what the cells do, the mean over
     repetitions of the site-mean balanced accuracy difference of each repetition's
-    pooled out-of-fold predictions, resampling subjects within each site once per
-    bootstrap for every repetition alike. The AUC bootstrap resamples subjects within
-    each site too, on the repetition-averaged P(ASD), and differences the site-mean AUC
-    (the tables' AUC, where DeLong's is the AUC of the sites' pooled subjects).
+    pooled out-of-fold predictions, on the same resamples.
     """
     oa, ob = pooled_predictions(comparison, a), pooled_predictions(comparison, b)
     sites = [s for s in oa if s in ob and np.array_equal(oa[s][0], ob[s][0])]
@@ -84,12 +98,15 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
     strata = np.concatenate([[s] * len(oa[s][0]) for s in sites])
     truth = y == 1
     mc = mcnemar((pa >= 0.5) == truth, (pb >= 0.5) == truth)
-    dl = delong(y, pa, pb, strata=strata)
+    index = {s: oa[s][0] for s in sites}
+    prob_a, prob_b, fold = _by_repetition(comparison, a, b, index)
+    tested = fold >= 0
+    dl = _repeated_delong(y, prob_a, prob_b, strata, fold)
     dl_low, dl_high = dl.interval()
-    rep_a, rep_b, tested = _by_repetition(comparison, a, b, {s: oa[s][0] for s in sites})
-    bal, bal_low, bal_high = bootstrap_repeated_difference(y, rep_a, rep_b, strata, tested,
+    bal, bal_low, bal_high = bootstrap_repeated_difference(y, prob_a >= 0.5, prob_b >= 0.5,
+                                                           strata, tested, n_boot=n_boot)
+    auc, auc_low, auc_high = bootstrap_fold_auc_difference(y, prob_a, prob_b, strata, fold,
                                                            n_boot=n_boot)
-    auc, auc_low, auc_high = bootstrap_difference(y, pa, pb, strata, "auc", n_boot=n_boot)
     return {"subjects": float(y.size), "mcnemar_a_only": float(mc.a_only),
             "mcnemar_b_only": float(mc.b_only), "mcnemar_p": mc.p_value,
             "delong_auc_diff": dl.difference, "delong_ci_low": dl_low,
@@ -99,28 +116,72 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
             "bootstrap_auc_ci_low": auc_low, "bootstrap_auc_ci_high": auc_high}
 
 
+def _repeated_delong(y: np.ndarray, prob_a: np.ndarray, prob_b: np.ndarray,
+                     sites: np.ndarray, fold: np.ndarray) -> DeLong:
+    """Return DeLong's test with (site, fold) strata, averaged over the repetitions.
+
+    Each repetition's stratified test gives a difference and a standard error; the
+    result is their means (see :func:`subject_tests`). NaN fields when no repetition has
+    a stratum with two subjects of each class.
+    """
+    from scipy import stats
+
+    parts = []
+    for r in range(fold.shape[0]):
+        keep = fold[r] >= 0
+        strata = np.char.add(np.char.add(sites[keep].astype(str), "/"),
+                             fold[r, keep].astype(str))
+        one = delong(y[keep], prob_a[r, keep], prob_b[r, keep], strata=strata)
+        if math.isfinite(one.difference):
+            parts.append(one)
+    if not parts:
+        return DeLong(math.nan, math.nan, math.nan, math.nan, math.nan)
+    auc_a, auc_b, diff, se = (float(np.mean([getattr(p, f) for p in parts]))
+                              for f in ("auc_a", "auc_b", "difference", "se"))
+    if se == 0:
+        p_value = 1.0 if diff == 0 else 0.0
+    else:
+        p_value = float(2 * stats.norm.sf(abs(diff) / se))
+    return DeLong(auc_a, auc_b, diff, se, p_value)
+
+
 def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, np.ndarray]
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return (pred a, pred b, tested): ``(repetitions, subjects)`` over ``index``."""
+    """Return (P(ASD) of a, P(ASD) of b, test fold): ``(repetitions, subjects)`` over ``index``.
+
+    The fold is -1 where a repetition did not test a subject with both methods.
+
+    Raises
+    ------
+    ValueError
+        If a and b tested a subject in different folds of the same repetition (their
+        cells do not pair).
+    """
     seeds = sorted({c.seed for c in comparison.cells if c.strategy in (a, b)})
     offsets, start = {}, 0
     for site, idx in index.items():
         offsets[site] = (start, {int(i): k for k, i in enumerate(idx.tolist())})
         start += idx.size
-    preds = np.zeros((2, len(seeds), start), dtype=bool)
-    tested = np.zeros((2, len(seeds), start), dtype=bool)
+    prob = np.zeros((2, len(seeds), start))
+    fold = np.full((2, len(seeds), start), -1, dtype=np.int64)
     for c in comparison.cells:
         if c.strategy not in (a, b) or c.seed not in seeds:
             continue
-        which, rep = (0 if c.strategy == a else 1), seeds.index(c.seed)
+        which = [k for k, name in enumerate((a, b)) if name == c.strategy]  # both if a == b
+        rep = seeds.index(c.seed)
         for site, p in c.predictions.items():
             if site not in offsets:
                 continue
             base, where = offsets[site]
             cols = base + np.array([where[int(i)] for i in p.index], dtype=np.int64)
-            preds[which, rep, cols] = p.prob >= 0.5
-            tested[which, rep, cols] = True
-    return preds[0], preds[1], tested[0] & tested[1]
+            for k in which:
+                prob[k, rep, cols] = p.prob
+                fold[k, rep, cols] = c.fold
+    both = (fold[0] >= 0) & (fold[1] >= 0)
+    if np.any(both & (fold[0] != fold[1])):
+        raise ValueError(f"'{a}' and '{b}' tested a subject in different folds of the same "
+                         "repetition: their cells must share each (fold, seed) split.")
+    return prob[0], prob[1], np.where(both, fold[0], -1)
 
 
 def prediction_rows(comparison: Comparison) -> list[dict[str, object]]:

@@ -97,12 +97,12 @@ def report(comparison: Comparison) -> str:
                      "\n\n" + difference_table(comparison))
         subjects = subject_table(comparison)
         if subjects:
-            parts.append("Subject-level paired tests on the pooled out-of-fold "
-                         "predictions (McNemar, DeLong and the AUC bootstrap: each "
-                         "subject's P(ASD) averaged over the repetitions; balanced "
-                         "accuracy bootstrap: each repetition's predictions; both "
-                         "bootstraps resample subjects within sites and difference the "
-                         "site-mean score):\n\n"
+            parts.append("Subject-level paired tests on the out-of-fold predictions "
+                         "(McNemar: each subject's P(ASD) averaged over the repetitions; "
+                         "DeLong and the AUC bootstrap rank each subject only among its "
+                         "own site's test fold, one model's scores, in each repetition; "
+                         "both bootstraps resample subjects within sites and difference "
+                         "the cells' site-mean score):\n\n"
                          + subjects)
     rounds = [c.best_round for c in comparison.cells if not c.reference]
     if rounds:
