@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
 
-__all__ = ["Interval", "corrected", "gap", "half_width", "interval_caption",
+__all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "interval_caption",
            "publish_site_comparison", "run_grid", "summary", "sweep"]
 
 V = TypeVar("V", bound=Hashable)
@@ -195,3 +195,26 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
                            "loss; mean [95 % CI] over the cells, corrected for shared "
                            "subjects (Nadeau-Bengio)", check="comparison")
     return 0
+
+
+def inner_datas(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
+                ) -> dict[str, SiteData]:
+    """Return each site's inner split of the outer fold ``spec.fold`` as SiteData.
+
+    The run's feature options (tangent space, per-site z, windows, FD regression) are
+    fitted on the inner training subjects (``prepare_site_data`` with the split).
+    """
+    from fedbn_med.tasks.abide.build import prepare_site_data, resolve_site_data_dir
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
+
+    out = {}
+    for name, site in load_sites(list(sites)).items():
+        feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
+                                   name=name)
+        split = nested_split(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
+                             inner_folds=inner_folds, inner_fold=inner_fold,
+                             seed=repetition_split_seed(site.split_seed, spec.seed))
+        out[name] = prepare_site_data(site, spec, split)
+    return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -101,6 +101,16 @@ AXES: dict[str, tuple[Value, ...]] = {
         _v("features", "tangent space + per-site z", connectivity="tangent", windows=0,
            harmonize="site_z"),
     ),
+    "model": (
+        _v("model", "MLP 16-16 (paper)", model="mlp"),
+        _v("model", "linear", model="linear"),
+        _v("model", "linear, wd 5e-2", model="linear", weight_decay=5e-2),
+        _v("model", "linear, wd 5e-1", model="linear", weight_decay=5e-1),
+        _v("model", "linear, tangent space", model="linear", connectivity="tangent",
+           windows=0, harmonize="none"),
+        _v("model", "linear, tangent space, wd 5e-1", model="linear",
+           connectivity="tangent", windows=0, harmonize="none", weight_decay=5e-1),
+    ),
 }
 
 #: ``--quick``: two values of three axes.
@@ -131,6 +141,12 @@ class Summary:
     val: dict[str, float]
     #: test metric -> (mean, low, high), corrected resampled t over the cells
     test: dict[str, tuple[float, float, float]]
+    #: every one of :data:`SCORES`: its mean over the cells (the nested criterion's too)
+    means: dict[str, float] = field(default_factory=dict)
+
+    def score(self, name: str) -> float:
+        """Return the mean over the cells of one of :data:`SCORES` (NaN if not kept)."""
+        return {**self.val, **self.means}.get(name, math.nan)
 
 
 def summarise(cells: Sequence[Mapping[str, float]], test_train_ratio: float) -> Summary:
@@ -144,14 +160,15 @@ def summarise(cells: Sequence[Mapping[str, float]], test_train_ratio: float) -> 
         vals = [c[key] for c in cells if math.isfinite(c[key])]
         return float(np.mean(vals)) if vals else math.nan
 
-    val = {k: mean(k) for k in SCORES if k.startswith("val_")}
+    means = {k: mean(k) for k in SCORES}
+    val = {k: v for k, v in means.items() if k.startswith("val_")}
     test = {}
     for key in ("test_balanced_accuracy", "test_auc"):
         m = mean(key)
         _, low, high = corrected_t_interval([c[key] for c in cells], test_train_ratio)
         half = (high - low) / 2
         test[key] = (m, m - half, m + half)
-    return Summary(len(cells), val, test)
+    return Summary(len(cells), val, test, means)
 
 
 def combine_intervals(parts: Sequence[tuple[float, float, float]]
@@ -172,8 +189,8 @@ def combine_intervals(parts: Sequence[tuple[float, float, float]]
 
 
 def choose(axis: str, values: Sequence[Value], default: Value,
-           summaries: Mapping[tuple[str, str], Summary], groups: Sequence[str]
-           ) -> tuple[Value, str]:
+           summaries: Mapping[tuple[str, str], Summary], groups: Sequence[str],
+           criterion: str = CRITERION) -> tuple[Value, str]:
     """Return the chosen value of an axis and why, from validation scores only.
 
     A value replaces the current default only where the evidence agrees across the
@@ -195,18 +212,22 @@ def choose(axis: str, values: Sequence[Value], default: Value,
         ``{(value label, group): Summary}``.
     groups : sequence of str
         The groups that must agree.
+    criterion : str
+        The score compared (one of :data:`SCORES`; :data:`CRITERION` unless the sweep is
+        nested: then the inner-test AUC, ``"test_auc"`` of runs that never see an outer
+        test subject).
     """
     if axis == "stopping rule":
         return default, ("kept: circular on validation, which picks the round; "
                          "the protocol's rule")
-    crit = {(v.label, g): summaries[(v.label, g)].val[CRITERION] for v in values
+    crit = {(v.label, g): summaries[(v.label, g)].score(criterion) for v in values
             for g in groups if (v.label, g) in summaries}
     best_per_group = []
     for g in groups:
         scored = [(crit[(v.label, g)], v) for v in values
                   if math.isfinite(crit.get((v.label, g), math.nan))]
         if not scored:
-            return default, f"kept: no finite {CRITERION} in group {g}"
+            return default, f"kept: no finite {criterion} in group {g}"
         best_per_group.append(max(scored, key=lambda sv: sv[0])[1])
     winners = {v.label for v in best_per_group}
     if len(winners) > 1:

@@ -11,9 +11,17 @@ value replaces a default only where it is best in both groups and beats the defa
 in both. Test balanced accuracy and AUC are printed beside, for information, with the
 corrected resampled-t interval (Nadeau-Bengio) over the cells.
 
+The validation AUC at the round the validation loss picked is biased upwards, the more
+so the noisier a value's validation curve. ``--nested`` removes that bias: each outer
+fold's training part is split again (:func:`fedbn_med.tasks.abide.splits.nested_split`,
+``--inner-folds`` folds), every run trains on the inner training subjects, picks its
+round on the inner validation subjects and is scored on the inner test subjects, and
+the criterion is that inner-test AUC. No outer test subject is loaded, so no test
+column is printed. It publishes apart (``defaults_sweep-real-nested``).
+
     python benchmarks/defaults_sweep.py --data-dir DIR [--quick] [--rounds R] [--folds N]
         [--seeds S] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
-        [--axes optimiser,features] [--resume] [--no-confirm]
+        [--axes optimiser,features] [--resume] [--no-confirm] [--nested [--inner-folds K]]
 
 Every run is appended to ``cells.csv`` in the output folder as it ends; ``--resume``
 skips the runs already there (same groups, settings, fold, seed and rounds).
@@ -31,8 +39,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, run
+from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
 from _plots import bar_plot
+from _sweep import inner_datas
 from _sweep_grid import (
     AXES,
     CRITERION,
@@ -49,7 +58,7 @@ from _sweep_grid import (
 
 NAME = "defaults_sweep"
 GROUPS = (("PITT", "YALE", "KKI", "TRINITY"), ("MAX_MUN", "STANFORD", "CALTECH", "SDSU"))
-FIELDS = ("group", "config", "rounds", "fold", "seed", "best_round", "last_round",
+FIELDS = ("group", "config", "rounds", "fold", "seed", "inner", "best_round", "last_round",
           *[f"{s}_{at}" for at in ("best", "last") for s in SCORES], "seconds")
 
 
@@ -108,18 +117,23 @@ def _key(spec: Any) -> str:
 class Sweep:
     """The runs of one invocation: unique settings per group, cached in ``cells.csv``."""
 
-    def __init__(self, bench: Benchmark, base: Any, groups: Sequence[tuple[str, ...]]) -> None:
+    def __init__(self, bench: Benchmark, base: Any, groups: Sequence[tuple[str, ...]],
+                 inner_folds: int = 0) -> None:
         self.bench = bench
         self.base = base
         self.groups = {chr(ord("A") + i): g for i, g in enumerate(groups)}
+        #: 0: each run trains on its outer fold; K: K nested runs per outer fold
+        self.inner_folds = inner_folds
         self.path = bench.out / "cells.csv"
-        self.cells: dict[tuple[str, str, int, int], dict[str, Any]] = {}
+        self.cells: dict[tuple[str, str, int, int, int], dict[str, Any]] = {}
         if bench.args.resume and self.path.is_file():
             with open(self.path, newline="", encoding="utf-8") as handle:
                 for row in csv.DictReader(handle):
-                    if int(row["rounds"]) == bench.args.rounds:
+                    inner = int(row.get("inner") or -1)
+                    if int(row["rounds"]) == bench.args.rounds and (inner >= 0) == (
+                            inner_folds > 0):
                         self.cells[(row["group"], row["config"], int(row["fold"]),
-                                    int(row["seed"]))] = row
+                                    int(row["seed"]), inner)] = row
         elif self.path.exists():
             self.path.unlink()
 
@@ -138,24 +152,28 @@ class Sweep:
         """Run every (cell, group, distinct setting) of ``values`` not yet in the cache."""
         configs = dict.fromkeys(self.config(v) for v in values)
         by_config = {self.config(v): v for v in reversed(values)}
-        grid = [(fold, seed, group, config) for fold, seed in self.bench.cells
-                for group in self.groups for config in configs
-                if (group, config, fold, seed) not in self.cells]
-        for fold, seed, group, config in self.bench.progress(grid, desc):
+        inners = range(self.inner_folds) if self.inner_folds else (-1,)
+        grid = [(fold, seed, inner, group, config) for fold, seed in self.bench.cells
+                for inner in inners for group in self.groups for config in configs
+                if (group, config, fold, seed, inner) not in self.cells]
+        for fold, seed, inner, group, config in self.bench.progress(grid, desc):
             started = time.perf_counter()
             spec = self.spec(group, by_config[config]).replace(fold=fold, seed=seed)
-            rows = run(spec).rows
+            # nested: inner train / validation / test of the outer training part only
+            rows = (run(spec, inner_datas(spec.sites, spec, self.inner_folds, inner)).rows
+                    if inner >= 0 else run(spec).rows)
             from fedbn_med.evaluation.comparison import best_round
 
             best, last = best_round(rows), max(int(r["round"]) for r in rows)
             cell: dict[str, Any] = {"group": group, "config": config,
                                     "rounds": self.bench.args.rounds, "fold": fold,
-                                    "seed": seed, "best_round": best, "last_round": last}
+                                    "seed": seed, "inner": inner, "best_round": best,
+                                    "last_round": last}
             for at, rnd in (("best", best), ("last", last)):
                 cell.update({f"{k}_{at}": round(v, 6) for k, v in cell_scores(rows, rnd).items()})
             cell["seconds"] = round(time.perf_counter() - started, 2)
             self._append(cell)
-            self.cells[(group, config, fold, seed)] = cell
+            self.cells[(group, config, fold, seed, inner)] = cell
 
     def _append(self, cell: Mapping[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,9 +188,19 @@ class Sweep:
         """Return a value's figures in a group, at the value's round, over every cell."""
         config = self.config(value)
         cells = [{s: float(c[f"{s}_{value.at}"]) for s in SCORES}
-                 for (g, cfg, fold, seed), c in self.cells.items()
+                 for (g, cfg, fold, seed, _), c in self.cells.items()
                  if g == group and cfg == config and (fold, seed) in self.bench.cells]
-        return summarise(cells, 1.0 / (N_FOLDS - 1))
+        return summarise(cells, self.test_train_ratio)
+
+    @property
+    def test_train_ratio(self) -> float:
+        """Return n_test / n_train of a run: of the outer split, or of the inner one."""
+        return 1.0 / ((self.inner_folds or N_FOLDS) - 1)
+
+    @property
+    def criterion(self) -> str:
+        """Return the score a value is chosen on: validation AUC, or nested inner-test AUC."""
+        return "test_auc" if self.inner_folds else CRITERION
 
 
 def _default_of(axis: str, values: tuple[Value, ...], sweep: Sweep) -> tuple[Value, ...]:
@@ -215,16 +243,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="keep the runs already in the output folder's cells.csv")
     parser.add_argument("--no-confirm", action="store_true",
                         help="skip the confirmation run of every changed value combined")
+    parser.add_argument("--nested", action="store_true",
+                        help="choose on the inner-test AUC of nested runs (no outer test "
+                             "subject is loaded); publishes apart")
+    parser.add_argument("--inner-folds", type=positive_int, default=None,
+                        help="with --nested: inner folds of each outer training part "
+                             "(default 4; 2 with --quick)")
     bench = Benchmark(parser, argv)
     args = bench.args
     from fedbn_med.spec import RunSpec
+
+    inner_folds = (args.inner_folds or (2 if args.quick else 4)) if args.nested else 0
+    if args.inner_folds is not None and not args.nested:
+        parser.error("--inner-folds needs --nested")
+    if args.nested and inner_folds < 2:
+        parser.error(f"--inner-folds must be at least 2, got {inner_folds}")
+    if args.nested:
+        bench.set_variant("nested")
 
     grid = QUICK_AXES if args.quick and args.axes is None else {
         a: AXES[a] for a in (args.axes or AXES)}
     base = RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed,
                             data_dir=args.data_dir, device=args.device)
     # published as one table over both groups
-    sweep = Sweep(bench, base, list(resolve_groups(bench, base).values()))
+    sweep = Sweep(bench, base, list(resolve_groups(bench, base).values()), inner_folds)
+    criterion = sweep.criterion
     axes = {axis: _default_of(axis, values, sweep) for axis, values in grid.items()}
     defaults = {axis: next(v for v in values if sweep.config(v) == "default" and v.at == "best")
                 for axis, values in axes.items()}
@@ -236,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for v in values for g in groups}
     chosen = {axis: choose(axis, values, defaults[axis],
                            {(v.label, g): summaries[(axis, v.label, g)]
-                            for v in values for g in groups}, groups)
+                            for v in values for g in groups}, groups, criterion)
               for axis, values in axes.items()}
     combined = None if args.no_confirm else _combined(chosen, defaults)
     rows_of = [(axis, v) for axis, values in axes.items() for v in values]
@@ -253,8 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         tests = {m: combine_intervals([s.test[m] for s in per])
                  for m in ("test_balanced_accuracy", "test_auc")}
         if axis == "combined":
-            default = [sweep.summary(Value("", ""), g).val[CRITERION] for g in groups]
-            confirmed = all(s.val[CRITERION] > d for s, d in zip(per, default))
+            default = [sweep.summary(Value("", ""), g).score(criterion) for g in groups]
+            confirmed = all(s.score(criterion) > d for s, d in zip(per, default))
             mark = (f"confirmation: {'beats' if confirmed else 'does not beat'} the default "
                     "in every group")
         else:
@@ -262,7 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             mark = ("**chosen** " if v.label == value.label else "") + (
                 "(current default) " if v.label == defaults[axis].label else "") + (
                 why if v.label == value.label else "")
-        body.append([axis, v.label, *[f"{100 * s.val[CRITERION]:.1f}" for s in per],
+        body.append([axis, v.label, *[f"{100 * s.score(criterion):.1f}" for s in per],
+                     *([f"{100 * s.score(CRITERION):.1f}" for s in per] if inner_folds
+                       else []),
                      _pct(tests["test_balanced_accuracy"]), _pct(tests["test_auc"]),
                      mark.strip()])
         row: dict[str, object] = {"axis": axis, "value": v.label, "at": v.at,
@@ -273,10 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             row.update({f"{k}_{g}": round(x, 6) for k, x in s.val.items()})
             row.update({f"{k}_{g}{suffix}": round(x, 6) for k, t in s.test.items()
                         for suffix, x in zip(("", "_low", "_high"), t)})
-            metrics[_metric(f"{axis}.{v.label}.{g}.{CRITERION}")] = s.val[CRITERION]
+            if inner_folds:
+                row[f"inner_test_auc_{g}"] = round(s.score(criterion), 6)
+            metrics[_metric(f"{axis}.{v.label}.{g}.{criterion}")] = s.score(criterion)
         csv_rows.append(row)
-    header = ["axis", "value", *[f"{g}: val AUC %" for g in groups],
-              "test bal. acc. % [95 % CI]", "test AUC % [95 % CI]", "choice (validation only)"]
+    if inner_folds:
+        header = ["axis", "value", *[f"{g}: inner-test AUC %" for g in groups],
+                  *[f"{g}: inner val AUC %" for g in groups],
+                  "inner-test bal. acc. % [95 % CI]", "inner-test AUC % [95 % CI]",
+                  "choice (inner test only)"]
+    else:
+        header = ["axis", "value", *[f"{g}: val AUC %" for g in groups],
+                  "test bal. acc. % [95 % CI]", "test AUC % [95 % CI]",
+                  "choice (validation only)"]
     table = markdown_table(header, body)
     names = "; ".join(f"{g} = {', '.join(s)}" for g, s in sweep.groups.items())
     notes = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
@@ -291,6 +345,14 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"independent. Windows: 32 volumes every {WINDOW_STEP} (the published code: "
              "every volume). Every other setting is the current default: "
              f"{_describe(base)}.")
+    if inner_folds:
+        notes += (f" Nested: each outer training part is split again into {inner_folds} "
+                  "inner folds; each run trains on the inner training subjects, picks its "
+                  "round on the inner validation subjects and is scored on the inner test "
+                  f"subjects ({args.folds * args.seeds * inner_folds} runs per value and "
+                  "group). The criterion is instead that inner-test AUC (test_auc of these "
+                  "runs), and the test columns are inner-test scores (n_test/n_train = "
+                  f"{sweep.test_train_ratio:.2f}): no outer test subject is loaded.")
     for axis, (value, why) in chosen.items():
         notes += f"\n- {axis}: {value.label} ({why})"
     if not confirmed:
@@ -299,11 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def plot(path: Path) -> Path:
         labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]
-        series = {f"group {g}": ([100 * summaries[(a, v.label, g)].val[CRITERION]
+        series = {f"group {g}": ([100 * summaries[(a, v.label, g)].score(criterion)
                                   for a, v in rows_of], [0.0] * len(rows_of))
                   for g in groups}
-        return bar_plot(path, labels, series, ylabel="validation AUC (%)",
-                        title=f"defaults sweep: {CRITERION} at the selected round")
+        return bar_plot(path, labels, series,
+                        ylabel="inner-test AUC (%)" if inner_folds else "validation AUC (%)",
+                        title=f"defaults sweep: {criterion} at the selected round")
 
     bench.publish(table, csv_rows, plot, notes=notes, metrics=metrics)
     return 0

@@ -39,7 +39,7 @@ from _common import (
     site_mean,
 )
 from _plots import bar_plot
-from _sweep import corrected
+from _sweep import corrected, inner_datas
 from defaults_sweep import add_groups_option, resolve_groups
 
 NAME = "stopping_rule"
@@ -73,24 +73,6 @@ def rules(rounds: int) -> dict[str, Callable[[Any], int]]:
             out[f"fixed: round {fixed}"] = lambda _r, f=fixed: f
     if rounds not in FIXED:
         out[f"fixed: round {rounds}"] = lambda _r: rounds
-    return out
-
-
-def inner_datas(sites: Sequence[str], spec: Any, inner_folds: int, inner_fold: int
-                ) -> dict[str, Any]:
-    """Return each site's inner split of the outer fold ``spec.fold`` as SiteData."""
-    from fedbn_med.tasks.abide.build import resolve_site_data_dir, split_data
-    from fedbn_med.tasks.abide.data import load_site_features
-    from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
-
-    out = {}
-    for name, site in load_sites(list(sites)).items():
-        feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
-                                   name=name)
-        out[name] = split_data(feats, nested_split(
-            feats.labels, n_folds=spec.n_folds, fold=spec.fold, inner_folds=inner_folds,
-            inner_fold=inner_fold, seed=repetition_split_seed(site.split_seed, spec.seed)))
     return out
 
 

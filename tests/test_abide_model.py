@@ -8,7 +8,7 @@ from monai.networks.blocks import ADN
 from torch import nn
 
 from fedbn_med.fl.partition import partition_model
-from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.tasks.abide.model import AbideLinear, AbideMLP
 
 
 def _plain_mlp(in_features: int, dropout: float) -> nn.Sequential:
@@ -38,3 +38,64 @@ def test_bn_of_the_adn_blocks_found_by_type():
     private = partition_model(model).private
     assert {k.rsplit(".", 1)[0] for k in private} == {"net.1.N", "net.3.N"}
     assert len(private) == 10
+
+
+# -- the linear model (Settings.model = "linear") -------------------------------------------
+def test_linear_model_normalises_its_input_in_a_private_bn_layer():
+    model = AbideLinear(50, dropout=0.2)
+    part = partition_model(model)
+    assert {k.rsplit(".", 1)[0] for k in part.private} == {"net.0.N"}
+    assert part.shared == {"net.1.weight", "net.1.bias"}
+    x = torch.randn(16, 50) * 7 + 3  # far from standardised
+    model.train()(x)
+    stats = model.net[0].N
+    assert torch.allclose(stats.running_mean, 0.1 * x.mean(0), atol=1e-5)
+    assert model.eval()(x).shape == (16, 2)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        AbideLinear(50, dropout=1.0)
+    with pytest.raises(ValueError, match="in_features must be a positive integer, got 0"):
+        AbideLinear(0)
+
+
+def test_the_run_settings_choose_the_network_and_onboarding_reads_either_width():
+    from fedbn_med.onboarding.weights import abide_input_shape
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.build import build_model
+    from fedbn_med.tasks.abide.settings import Settings
+
+    linear = build_model(40, RunSpec().replace(model="linear"))
+    mlp = build_model(40, RunSpec())
+    assert isinstance(linear, AbideLinear) and isinstance(mlp, AbideMLP)
+    assert abide_input_shape(linear.state_dict()) == (40,)
+    assert abide_input_shape(mlp.state_dict()) == (40,)
+    with pytest.raises(ValueError, match="a first linear layer 'net.N.weight'"):
+        abide_input_shape({"net.0.N.weight": torch.ones(40)})
+    with pytest.raises(ValueError, match="model must be one of mlp, linear, got 'cnn'"):
+        Settings(model="cnn")
+    assert Settings(model="linear").log_params()["model"] == "linear"
+
+
+def test_fedbn_with_the_linear_model_keeps_each_sites_input_statistics_home():
+    from fedbn_med.fl.registry import get_strategy
+    from fedbn_med.training.inprocess import run_in_process
+    from fedbn_med.training.trainer import SiteData, SiteTrainer
+
+    def data(shift: float, seed: int, n: int = 30) -> SiteData:
+        gen = torch.Generator().manual_seed(seed)
+        y = torch.arange(n) % 2
+        x = torch.randn(n, 12, generator=gen) * (1 + shift) + shift + y[:, None] * 0.8
+        return SiteData(train=(x[:20], y[:20]), val=(x[20:], y[20:]), test=(x[20:], y[20:]))
+
+    strategy = get_strategy("fedbn")
+    trainers = {}
+    for i, (site, shift) in enumerate((("A", 0.0), ("B", 4.0))):
+        torch.manual_seed(0)
+        trainers[site] = SiteTrainer(site, AbideLinear(12, dropout=0.2), data(shift, i),
+                                     strategy, batch_size=8, device="cpu", threads=1)
+    history = run_in_process(trainers, strategy, 2)
+    # only the linear layer is averaged; no key of the input BN layer left a site
+    assert set(history.global_weights) == {"net.1.weight", "net.1.bias"}
+    a, b = (t.model.state_dict() for t in trainers.values())
+    assert torch.equal(a["net.1.weight"], b["net.1.weight"])
+    # each site standardised by its own statistics (its inputs differ by a shift)
+    assert (b["net.0.N.running_mean"] - a["net.0.N.running_mean"]).mean() > 1.0

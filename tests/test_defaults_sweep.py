@@ -164,3 +164,71 @@ def test_bad_options_say_what_is_valid(sweep: ModuleType, release: Path, tmp_pat
     with pytest.raises(SystemExit):
         sweep.main(["--quick", "--data-dir", str(release), "--out", str(tmp_path), *argv])
     assert re.search(message, capsys.readouterr().err), message
+
+
+def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
+        sweep: ModuleType, benchmark_module: Callable[[str], ModuleType], release: Path,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import site_splits
+
+    published = benchmark_module("_published")
+    monkeypatch.setattr(published, "PUBLISHED_DIR", tmp_path / "published")
+    monkeypatch.setattr(published, "rewrite_readme", lambda *a, **k: True)
+    helpers = benchmark_module("_sweep")
+    seen: list[tuple[str, int, int, object]] = []
+    real_inner = helpers.inner_datas
+
+    def spy(sites, spec, inner_folds, inner_fold):  # what every nested run trains on
+        datas = real_inner(sites, spec, inner_folds, inner_fold)
+        seen.extend((s, spec.fold, spec.seed, d) for s, d in datas.items())
+        return datas
+
+    monkeypatch.setattr(sweep, "inner_datas", spy)
+    out = tmp_path / "out"
+    argv = ["--quick", "--nested", "--data-dir", str(release), "--groups", GROUPS, "--axes",
+            "model", "--no-confirm", "--out", str(out), "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}", "--publish"]
+    assert sweep.main(argv) == 0
+    printed = capsys.readouterr().out
+    with open(out / "cells.csv", newline="", encoding="utf-8") as handle:
+        cells = list(csv.DictReader(handle))
+    # 6 values of the model axis x 2 groups x 1 outer fold x 2 inner folds
+    configs = {c["config"] for c in cells}
+    assert len(configs) == 6 and sorted({c["inner"] for c in cells}) == ["0", "1"]
+    assert len(cells) == 6 * 2 * 2
+    header = (out / "table.md").read_text(encoding="utf-8").splitlines()[0]
+    assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
+    assert "no outer test subject is loaded" in printed
+    # no nested run saw an outer test subject: every row it holds is outside the fold
+    assert seen
+    sites = load_sites(list(SITES))
+    for name, fold, seed, data in seen:
+        site = sites[name]
+        feats = load_site_features(resolve_site_data_dir(site, sweep_spec(release)),
+                                   site.abide_site_ids, name=name)
+        from fedbn_med.tasks.abide.splits import repetition_split_seed
+
+        outer = site_splits(feats.labels, fold=fold,
+                            seed=repetition_split_seed(site.split_seed, seed)).test
+        outer_rows = np.asarray(feats.features)[outer]
+        for part in (data.train, data.val, data.test):
+            x = part[0].numpy()
+            assert not any(np.allclose(x[i], r) for i in range(len(x)) for r in outer_rows)
+    assert (tmp_path / "published" / "defaults_sweep-real-nested" / "meta.json").is_file()
+    with pytest.raises(SystemExit):
+        sweep.main(["--quick", "--inner-folds", "3", "--data-dir", str(release), "--groups",
+                    GROUPS, "--out", str(tmp_path / "x")])
+    assert "--inner-folds needs --nested" in capsys.readouterr().err
+
+
+def sweep_spec(release: Path):
+    """Return a run spec reading ``release`` (for the sites' feature files)."""
+    from fedbn_med.spec import RunSpec
+
+    return RunSpec.for_task("abide", data_dir=release)

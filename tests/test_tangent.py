@@ -112,3 +112,31 @@ def test_a_site_fits_its_reference_on_its_training_split_only(small_cohort):
     other = site_rows(site, spec.replace(fold=1))
     assert other["test"][0].shape[1] == expected.shape[1]
     assert not np.array_equal(other["train"][0][:3], data.train[0].numpy()[:3])
+
+
+def test_a_given_split_is_what_the_feature_chain_fits_on(small_cohort):
+    """A nested split (the nested defaults sweep): the reference from its training part."""
+    from fedbn_med.tasks.abide.build import _load_split, prepare_site_data
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import nested_split
+    from fedbn_med.tasks.abide.transforms import _site_series
+
+    site = load_sites(["UCLA"])["UCLA"]
+    spec = RunSpec.for_task("abide", sites=("UCLA",), data_dir=small_cohort,
+                            connectivity="tangent")
+    data_dir, feats, outer = _load_split(site, spec)
+    inner = nested_split(feats.labels, fold=0, inner_folds=2, inner_fold=1)
+    assert not set(inner.train) & set(outer.test) and not set(inner.test) & set(outer.test)
+    data = prepare_site_data(site, spec, inner)
+    series = _site_series(str(data_dir), feats.site, tuple(sorted(set(
+        feats.abide_site_ids))), feats.file_ids)
+    expected = TangentConnectivity().fit([series[i] for i in inner.train])(
+        [series[i] for i in inner.test])
+    np.testing.assert_array_equal(data.test[0].numpy(), expected)
+    assert data.train[0].shape[0] == len(inner.train)
+    plain = prepare_site_data(site, spec.replace(connectivity="correlation"), inner)
+    np.testing.assert_array_equal(plain.test[0].numpy(),
+                                  np.asarray(feats.features, dtype=np.float32)[inner.test])
+    with pytest.raises(ValueError, match="ComBat fits on every site's training rows"):
+        prepare_site_data(site, spec.replace(connectivity="correlation",
+                                             harmonize="combat"), inner)

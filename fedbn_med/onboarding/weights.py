@@ -154,14 +154,20 @@ def check_site_fits(site: str, data_shape: Sequence[int], model_shape: Sequence[
 
 
 def abide_input_shape(weights: Mapping[str, torch.Tensor]) -> tuple[int, ...]:
-    """Return the input shape of the ABIDE network these weights belong to."""
-    first = weights.get("net.0.weight")
-    if first is None or first.ndim != 2:
+    """Return the input shape of the ABIDE network these weights belong to.
+
+    That is the width of its first linear layer: ``net.0.weight`` of the MLP, ``net.1.weight``
+    of the linear model (its ``net.0`` is the input BN layer).
+    """
+    layers = sorted((int(k.split(".")[1]), v) for k, v in weights.items()
+                    if k.startswith("net.") and k.endswith(".weight")
+                    and k.split(".")[1].isdigit() and v.ndim == 2)
+    if not layers:
         raise ValueError(
-            "Expected weights of the ABIDE network (fedbn_med.tasks.abide.model.AbideMLP, first "
-            f"layer 'net.0.weight' of shape (hidden, features)); got keys {sorted(weights)[:6]}."
-        )
-    return (int(first.shape[1]),)
+            "Expected weights of an ABIDE network (fedbn_med.tasks.abide.model: a first linear "
+            "layer 'net.N.weight' of shape (outputs, features)); got keys "
+            f"{sorted(weights)[:6]}.")
+    return (int(layers[0][1].shape[1]),)
 
 
 # -- a quick federation in this process --------------------------------------------------

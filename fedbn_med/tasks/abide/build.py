@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedbn_med.tasks.abide.model import AbideMLP
+from fedbn_med.tasks.abide.model import AbideLinear, AbideMLP
 from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
 
 if TYPE_CHECKING:  # the data and training stack loads only where a site trains
@@ -65,15 +65,16 @@ def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
     return ensure_cohort(sites=wanted, site_effect=config.settings.site_effect)
 
 
-def _load_split(site: SiteConfig, config: RunSpec) -> tuple[Path, SiteFeatures, Split]:
+def _load_split(site: SiteConfig, config: RunSpec, split: Split | None = None
+                ) -> tuple[Path, SiteFeatures, Split]:
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
 
     data_dir = resolve_site_data_dir(site, config)
     feats = load_site_features(data_dir, site.abide_site_ids, name=site.name)
-    # every repetition (run seed) re-draws the split
-    split = site_splits(feats.labels, n_folds=config.n_folds, fold=config.fold,
-                        seed=repetition_split_seed(site.split_seed, config.seed))
+    if split is None:  # every repetition (run seed) re-draws the split
+        split = site_splits(feats.labels, n_folds=config.n_folds, fold=config.fold,
+                            seed=repetition_split_seed(site.split_seed, config.seed))
     return data_dir, feats, split
 
 
@@ -102,16 +103,19 @@ def has_feature_chain(config: RunSpec) -> bool:
                 or feature_transform(config) != "none")
 
 
-def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
+def site_rows(site: SiteConfig, config: RunSpec, split: Split | None = None
+              ) -> dict[str, Rows]:
     """Return a site's rows per split, after windowing or tangent space and FD regression.
 
     Each split maps to ``(features, labels, subject, mean_fd)``: one row per subject, or
     one per window with ``windows`` set (``subject`` then says whose window a row is).
-    The FD regression is fitted on the training rows only.
+    The FD regression is fitted on the training rows only. ``split``: the subjects of
+    each part (e.g. a nested split, :func:`fedbn_med.tasks.abide.splits.nested_split`);
+    by default the run's fold and repetition.
     """
     from fedbn_med.tasks.abide.harmonize import MotionRegressor
 
-    data_dir, feats, split = _load_split(site, config)
+    data_dir, feats, split = _load_split(site, config, split)
     settings = config.settings
     if settings.windows:
         from fedbn_med.tasks.abide.transforms import SlidingWindowConnectivity, window_rows
@@ -138,7 +142,8 @@ def site_rows(site: SiteConfig, config: RunSpec) -> dict[str, Rows]:
     return out
 
 
-def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dict[str, Rows]:
+def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows],
+                own_split: bool = False) -> dict[str, Rows]:
     """Apply the run's harmonisation, fitted on training rows only."""
     from fedbn_med.tasks.abide.harmonize import ComBat, SiteStandardizer
 
@@ -148,6 +153,11 @@ def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dic
     if method == "site_z":
         z = SiteStandardizer().fit(rows["train"][0])
         return {k: (z.transform(v[0]), *v[1:]) for k, v in rows.items()}
+    if own_split:
+        raise ValueError(
+            f"Site '{site.name}' was given a split of its own, but ComBat fits on every "
+            "site's training rows of the run's fold, which that split does not say. Use "
+            "harmonize=none or site_z with a given split.")
     # ComBat's pooled estimates need every site's training rows (not federated).
     train = {name: (rows if name == site.name else site_rows(other, config))["train"][0]
              for name, other in load_sites(list(config.sites)).items()}
@@ -155,18 +165,22 @@ def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dic
     return {k: (combat.transform(site.name, v[0]), *v[1:]) for k, v in rows.items()}
 
 
-def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
+def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = None
+                      ) -> SiteData:
     """Load a site's connectivity features and split them for this run's fold.
 
     With the task's feature options (windows, tangent space, FD regression, harmonisation: see
     :class:`~fedbn_med.tasks.abide.settings.Settings`) the rows go through
     :func:`site_rows` and the harmonisation, each fitted on the training rows only.
+    ``split`` replaces the run's fold and repetition (a nested split, for example: every
+    transform is then fitted on its training part); ComBat does not take one.
     """
     from fedbn_med.training.trainer import SiteData
 
     settings = config.settings
     if has_feature_chain(config):
-        rows = _harmonised(site, config, site_rows(site, config))
+        rows = _harmonised(site, config, site_rows(site, config, split),
+                           own_split=split is not None)
 
         def tensors(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             x, y = rows[name][0], rows[name][1]
@@ -177,7 +191,7 @@ def prepare_site_data(site: SiteConfig, config: RunSpec) -> SiteData:
                   if settings.windows else {})
         return SiteData(train=tensors("train"), val=tensors("val"), test=tensors("test"),
                         **groups)
-    _, feats, split = _load_split(site, config)
+    _, feats, split = _load_split(site, config, split)
     return split_data(feats, split)
 
 
@@ -195,9 +209,11 @@ def split_data(feats: SiteFeatures, split: Split) -> SiteData:
     return SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
 
 
-def build_model(in_features: int, config: RunSpec) -> AbideMLP:
-    """Build the ABIDE network with the run's seed, identical at every site."""
+def build_model(in_features: int, config: RunSpec) -> AbideMLP | AbideLinear:
+    """Build the ABIDE network (``Settings.model``) with the run's seed, alike at every site."""
     torch.manual_seed(config.seed)
+    if getattr(config.settings, "model", "mlp") == "linear":
+        return AbideLinear(in_features, dropout=config.dropout)
     return AbideMLP(in_features, dropout=config.dropout)
 
 
@@ -254,7 +270,8 @@ def site_data(name: str, config: RunSpec) -> SiteData:
     return prepare_site_data(load_sites([name])[name], config)
 
 
-def build_server_model(config: RunSpec, input_shape: tuple[int, ...]) -> AbideMLP:
+def build_server_model(config: RunSpec, input_shape: tuple[int, ...]
+                       ) -> AbideMLP | AbideLinear:
     """Return the network the server initialises (the task's ``build_server_model``)."""
     return build_model(int(input_shape[0]), config)
 

@@ -1,11 +1,11 @@
-"""The FedBN paper's ABIDE network, built from MONAI blocks."""
+"""The ABIDE networks, built from MONAI blocks: the FedBN paper's MLP, and a linear model."""
 
 from __future__ import annotations
 
 from monai.networks.blocks import ADN
 from torch import nn
 
-__all__ = ["AbideMLP"]
+__all__ = ["AbideLinear", "AbideMLP"]
 
 
 class AbideMLP(nn.Module):
@@ -56,3 +56,39 @@ def _adn(channels: int, dropout: float) -> ADN:
     """Return BatchNorm1d -> ReLU -> dropout as one MONAI block."""
     return ADN(ordering="NAD", in_channels=channels, act="relu", norm="batch", norm_dim=1,
                dropout=dropout or None, dropout_dim=1)
+
+
+class AbideLinear(nn.Module):
+    """Classify a connectivity vector with one linear layer on batch-normalised features.
+
+    ``in -> BatchNorm1d -> dropout -> 2``: a logistic regression whose inputs are
+    standardised by a BN layer (a MONAI :class:`~monai.networks.blocks.ADN` block with
+    ``norm="batch"``). Under FedBN that layer stays at its site, so each site's features
+    are centred and scaled by its own statistics (and its own scale and shift) before
+    the shared weights see them; under FedAvg it is averaged like every other layer.
+
+    Parameters
+    ----------
+    in_features : int
+        Length of the connectivity vector (6105 for 111 Harvard-Oxford ROIs).
+    num_classes : int
+        Number of outputs (2: control, ASD).
+    dropout : float
+        Dropout probability on the normalised features (0 disables it).
+    """
+
+    def __init__(self, in_features: int, num_classes: int = 2, dropout: float = 0.0) -> None:
+        super().__init__()
+        if in_features < 1:
+            raise ValueError(f"in_features must be a positive integer, got {in_features}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+        self.in_features = in_features
+        self.net = nn.Sequential(
+            ADN(ordering="ND", in_channels=in_features, norm="batch", norm_dim=1,
+                dropout=dropout or None, dropout_dim=1),
+            nn.Linear(in_features, num_classes),
+        )
+
+    def forward(self, x):  # noqa: D102
+        return self.net(x)

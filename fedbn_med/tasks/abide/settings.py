@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = ["COHORT_VERSION", "COMPARE", "CONNECTIVITY", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
-           "HARMONIZERS", "NUM_FEATURES", "OPTIMIZERS", "THRESHOLDS", "Settings"]
+           "HARMONIZERS", "MODELS", "NUM_FEATURES", "OPTIMIZERS", "THRESHOLDS", "Settings"]
 
 #: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
 #: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
@@ -44,6 +44,10 @@ HARMONIZERS = ("none", "site_z", "combat")
 #: How a subject's connectivity is described (``Settings.connectivity``): Fisher-z
 #: correlations, or the tangent space at the site's own training subjects' mean.
 CONNECTIVITY = ("correlation", "tangent")
+
+#: The networks (``Settings.model``): the FedBN paper's MLP, or a linear model on
+#: batch-normalised features (:mod:`fedbn_med.tasks.abide.model`).
+MODELS = ("mlp", "linear")
 
 #: The transforms a strategy may ask of this task (``Strategy.features``).
 FEATURE_TRANSFORMS = HARMONIZERS[1:]
@@ -93,6 +97,11 @@ class Settings:
         ``"sgd"`` (the FedBN paper) or ``"adam"`` (the published ABIDE code, lr 1e-5).
     weight_decay : float
         L2 penalty of the local optimiser (the published ABIDE code: 5e-2).
+    model : str
+        ``"mlp"``: the FedBN paper's network (in -> 16 -> 16 -> 2, BN after each hidden
+        layer). ``"linear"``: BN on the input features, dropout, one linear layer
+        (:class:`fedbn_med.tasks.abide.model.AbideLinear`); its BN layer is what FedBN
+        keeps at each site.
     threshold : str
         Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
         site's own threshold at which its training subjects are predicted positive as
@@ -110,6 +119,7 @@ class Settings:
     optimizer: str = "sgd"
     weight_decay: float = 0.0
     threshold: str = "0.5"
+    model: str = "mlp"
 
     def __post_init__(self) -> None:
         value = self.site_effect
@@ -117,7 +127,8 @@ class Settings:
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
         for name, valid in (("connectivity", CONNECTIVITY), ("harmonize", HARMONIZERS),
-                            ("optimizer", OPTIMIZERS), ("threshold", THRESHOLDS)):
+                            ("optimizer", OPTIMIZERS), ("threshold", THRESHOLDS),
+                            ("model", MODELS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"{name} must be one of {', '.join(valid)}, got "
                                  f"{getattr(self, name)!r}.")
@@ -147,7 +158,7 @@ class Settings:
                 "fd_regression": self.fd_regression,
                 "windows": self.windows, "window_step": self.window_step,
                 "optimizer": self.optimizer, "weight_decay": self.weight_decay,
-                "threshold": self.threshold}
+                "threshold": self.threshold, "model": self.model}
 
     def input_shape(self) -> tuple[int, ...]:
         """Return ``(6105,)``: one connectivity vector per subject."""
