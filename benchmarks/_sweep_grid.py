@@ -110,6 +110,12 @@ AXES: dict[str, tuple[Value, ...]] = {
            windows=0, harmonize="none"),
         _v("model", "linear, tangent space, wd 5e-1", model="linear",
            connectivity="tangent", windows=0, harmonize="none", weight_decay=5e-1),
+        # added after the first nested runs: a pooled scikit-learn logistic regression
+        # chose its strongest penalty there (C = 1e-4, about wd 100 at these sizes)
+        _v("model", "linear, tangent space, wd 10", model="linear",
+           connectivity="tangent", windows=0, harmonize="none", weight_decay=10.0),
+        _v("model", "linear, tangent space, wd 100", model="linear",
+           connectivity="tangent", windows=0, harmonize="none", weight_decay=100.0),
     ),
 }
 

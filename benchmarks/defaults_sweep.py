@@ -333,26 +333,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "choice (validation only)"]
     table = markdown_table(header, body)
     names = "; ".join(f"{g} = {', '.join(s)}" for g, s in sweep.groups.items())
-    notes = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
-             f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
-             f"{args.data_dir or 'the built-in cohort'}. Each run is scored at its "
-             "best-validation-loss round (the stopping-rule row 'last round' at its last "
-             f"round). Criterion, fixed before the runs: {CRITERION} (validation AUC, mean "
-             "over sites and cells) per group; a value replaces the default only when it "
-             "is best in every group and beats the default in every group. Test columns "
-             "are for information only: the mean over both groups, with the corrected "
-             "resampled t (Nadeau-Bengio, n_test/n_train = 0.25) of each group combined as "
-             f"independent. Windows: 32 volumes every {WINDOW_STEP} (the published code: "
-             "every volume). Every other setting is the current default: "
-             f"{_describe(base)}.")
+    design = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
+              f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
+              f"{args.data_dir or 'the built-in cohort'}. ")
+    rule = ("per group; a value replaces the default only when it is best in every group "
+            "and beats the default in every group. ")
     if inner_folds:
-        notes += (f" Nested: each outer training part is split again into {inner_folds} "
-                  "inner folds; each run trains on the inner training subjects, picks its "
-                  "round on the inner validation subjects and is scored on the inner test "
-                  f"subjects ({args.folds * args.seeds * inner_folds} runs per value and "
-                  "group). The criterion is instead that inner-test AUC (test_auc of these "
-                  "runs), and the test columns are inner-test scores (n_test/n_train = "
-                  f"{sweep.test_train_ratio:.2f}): no outer test subject is loaded.")
+        notes = (design + f"Nested: each outer training part is split again into "
+                 f"{inner_folds} inner folds; each run trains on the inner training subjects, "
+                 "picks its round on the inner validation subjects (best validation loss) and "
+                 "is scored on the inner test subjects "
+                 f"({args.folds * args.seeds * inner_folds} runs per value and group). No "
+                 "outer test subject is loaded. Criterion: the inner-test AUC (mean over sites "
+                 "and runs) " + rule + "The inner validation AUC is shown beside it; the "
+                 "interval columns are inner-test scores, the mean over both groups with the "
+                 "corrected resampled t (Nadeau-Bengio, n_test/n_train = "
+                 f"{sweep.test_train_ratio:.2f}) of each group combined as independent. ")
+    else:
+        notes = (design + "Each run is scored at its best-validation-loss round (the "
+                 "stopping-rule row 'last round' at its last round). Criterion, fixed before "
+                 f"the runs: {CRITERION} (validation AUC, mean over sites and cells) " + rule
+                 + "Test columns are for information only: the mean over both groups, with "
+                 "the corrected resampled t (Nadeau-Bengio, n_test/n_train = 0.25) of each "
+                 "group combined as independent. ")
+    notes += (f"Windows: 32 volumes every {WINDOW_STEP} (the published code: every volume). "
+              f"Every other setting is the current default: {_describe(base)}.")
     for axis, (value, why) in chosen.items():
         notes += f"\n- {axis}: {value.label} ({why})"
     if not confirmed:

@@ -46,6 +46,8 @@ def test_linear_model_normalises_its_input_in_a_private_bn_layer():
     part = partition_model(model)
     assert {k.rsplit(".", 1)[0] for k in part.private} == {"net.0.N"}
     assert part.shared == {"net.1.weight", "net.1.bias"}
+    # a standardiser: no scale or shift for weight decay to shrink
+    assert part.private == part.statistics and not part.affine
     x = torch.randn(16, 50) * 7 + 3  # far from standardised
     model.train()(x)
     stats = model.net[0].N

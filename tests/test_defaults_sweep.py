@@ -198,13 +198,13 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
     printed = capsys.readouterr().out
     with open(out / "cells.csv", newline="", encoding="utf-8") as handle:
         cells = list(csv.DictReader(handle))
-    # 6 values of the model axis x 2 groups x 1 outer fold x 2 inner folds
+    # 8 values of the model axis x 2 groups x 1 outer fold x 2 inner folds
     configs = {c["config"] for c in cells}
-    assert len(configs) == 6 and sorted({c["inner"] for c in cells}) == ["0", "1"]
-    assert len(cells) == 6 * 2 * 2
+    assert len(configs) == 8 and sorted({c["inner"] for c in cells}) == ["0", "1"]
+    assert len(cells) == 8 * 2 * 2
     header = (out / "table.md").read_text(encoding="utf-8").splitlines()[0]
     assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
-    assert "no outer test subject is loaded" in printed
+    assert "No outer test subject is loaded" in printed
     # no nested run saw an outer test subject: every row it holds is outside the fold
     assert seen
     sites = load_sites(list(SITES))

@@ -62,10 +62,13 @@ class AbideLinear(nn.Module):
     """Classify a connectivity vector with one linear layer on batch-normalised features.
 
     ``in -> BatchNorm1d -> dropout -> 2``: a logistic regression whose inputs are
-    standardised by a BN layer (a MONAI :class:`~monai.networks.blocks.ADN` block with
-    ``norm="batch"``). Under FedBN that layer stays at its site, so each site's features
-    are centred and scaled by its own statistics (and its own scale and shift) before
-    the shared weights see them; under FedAvg it is averaged like every other layer.
+    standardised by a BN layer without scale and shift (a MONAI
+    :class:`~monai.networks.blocks.ADN` block with ``norm="batch"``, ``affine=False``).
+    Under FedBN that layer's running statistics stay at their site, so each site's
+    features are centred and scaled by its own statistics before the shared weights see
+    them; under FedAvg they are averaged like every other tensor. Having no scale, the
+    standardiser is not shrunk by weight decay, which then acts on the linear weights
+    alone, as the L2 penalty of a logistic regression.
 
     Parameters
     ----------
@@ -85,8 +88,8 @@ class AbideLinear(nn.Module):
             raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
         self.in_features = in_features
         self.net = nn.Sequential(
-            ADN(ordering="ND", in_channels=in_features, norm="batch", norm_dim=1,
-                dropout=dropout or None, dropout_dim=1),
+            ADN(ordering="ND", in_channels=in_features, norm=("batch", {"affine": False}),
+                norm_dim=1, dropout=dropout or None, dropout_dim=1),
             nn.Linear(in_features, num_classes),
         )
 

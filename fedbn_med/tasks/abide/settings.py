@@ -99,9 +99,10 @@ class Settings:
         L2 penalty of the local optimiser (the published ABIDE code: 5e-2).
     model : str
         ``"mlp"``: the FedBN paper's network (in -> 16 -> 16 -> 2, BN after each hidden
-        layer). ``"linear"``: BN on the input features, dropout, one linear layer
-        (:class:`fedbn_med.tasks.abide.model.AbideLinear`); its BN layer is what FedBN
-        keeps at each site.
+        layer). ``"linear"``: a BN standardiser on the input features (no scale or
+        shift), dropout, one linear layer
+        (:class:`fedbn_med.tasks.abide.model.AbideLinear`); the standardiser's running
+        statistics are what FedBN keeps at each site.
     threshold : str
         Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
         site's own threshold at which its training subjects are predicted positive as
