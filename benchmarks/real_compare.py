@@ -12,10 +12,13 @@ Preprocessed release, or any release in its layout).
                                       [--strategies fedavg,fedbn] [--quick] [--rounds R]
                                       [--folds N] [--seeds S] [--weighting samples|equal]
                                       [--connectivity correlation|tangent]
+                                      [--model mlp|linear] [--weight-decay W]
 
 ``--connectivity tangent`` runs every strategy on tangent-space features (each site's
 reference fitted on its own training subjects) and publishes apart from the default's
-table, under ``real_compare-real-<sites>-tangent``.
+table, under ``real_compare-real-<sites>-tangent``. ``--model linear`` (the task's
+logistic regression on standardised features) and ``--weight-decay`` likewise publish
+apart, e.g. ``real_compare-real-<sites>-tangent-linear-wd10``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 from _common import LABELS, Benchmark, Budget, make_parser, strategy_config
 from _sweep import publish_site_comparison
 
-from fedbn_med.tasks.abide.settings import CONNECTIVITY, Settings
+from fedbn_med.tasks.abide.settings import CONNECTIVITY, MODELS, Settings
 
 NAME = "real_compare"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -58,10 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--connectivity", choices=CONNECTIVITY, default=default,
                         help=f"the connectivity features (default: the task's, {default}); "
                              "another is published apart")
+    parser.add_argument("--model", choices=MODELS, default=Settings().model,
+                        help=f"the network (default: the task's, {Settings().model}); another "
+                             "is published apart")
+    parser.add_argument("--weight-decay", type=float, default=Settings().weight_decay,
+                        help="L2 penalty of the local optimiser (default: the task's, "
+                             f"{Settings().weight_decay:g}); another is published apart")
     bench = Benchmark(parser, argv)
     args = bench.args
     features = args.connectivity
-    bench.set_variant(None if features == default else features)
+    if not (args.weight_decay >= 0 and args.weight_decay < float("inf")):
+        parser.error(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
+    parts = [features if features != default else "",
+             args.model if args.model != Settings().model else "",
+             f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else ""]
+    bench.set_variant("-".join(p for p in parts if p) or None)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
     unknown = [s for s in args.strategies if s not in KNOWN]
@@ -71,12 +85,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sites = args.sites = tuple(args.sites or SITES)
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
                                                weighting=args.weighting,
-                                               connectivity=features)
+                                               connectivity=features, model=args.model,
+                                               weight_decay=args.weight_decay)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
     notes = (f"Sites {', '.join(sites)} from {data}; "
              f"{features + ' features; ' if bench.variant else ''}"
+             f"{'model ' + args.model + '; ' if args.model != Settings().model else ''}"
+             f"{f'weight decay {args.weight_decay:g}; ' if args.weight_decay else ''}"
              f"{spec.settings.optimizer.upper()} lr "
              f"{spec.lr:g}, batch {spec.batch_size}, {spec.local_epochs} local epoch(s) per "
              f"round, dropout {spec.dropout:g}, weighting {args.weighting}.")

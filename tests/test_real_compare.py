@@ -122,3 +122,11 @@ def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, releas
     plain = (published / "real_compare-real-PITT_YALE_KKI" / "table.csv").read_text(
         encoding="utf-8")
     assert tangent != plain
+    # the linear model with its own weight decay: another key, other predictions
+    assert real_compare.main([*argv, "--out", str(tmp_path / "l"), "--connectivity",
+                              "tangent", "--model", "linear", "--weight-decay", "10"]) == 0
+    assert "model linear; weight decay 10;" in capsys.readouterr().out
+    linear = published / "real_compare-real-PITT_YALE_KKI-tangent-linear-wd10"
+    assert "--model linear --weight-decay 10" in (linear / "meta.json").read_text(
+        encoding="utf-8")
+    assert (linear / "table.csv").read_text(encoding="utf-8") not in (tangent, plain)
