@@ -197,14 +197,15 @@ def combine_intervals(parts: Sequence[tuple[float, float, float]]
 def choose(axis: str, values: Sequence[Value], default: Value,
            summaries: Mapping[tuple[str, str], Summary], groups: Sequence[str],
            criterion: str = CRITERION) -> tuple[Value, str]:
-    """Return the chosen value of an axis and why, from validation scores only.
+    """Return the chosen value of an axis and why, from ``criterion`` only (never test).
 
     A value replaces the current default only where the evidence agrees across the
-    groups: it has the highest :data:`CRITERION` of the axis in every group and beats
-    the default in every group. Otherwise the default stays. The stopping rule is not
-    chosen this way: the best-validation-loss round is picked on validation data, so
-    its validation scores are biased upwards against the last round's; the protocol's
-    rule (the issue's model selection) stays.
+    groups: it has the highest ``criterion`` of the axis in every group and beats the
+    default in every group. Otherwise the default stays. The stopping rule is not
+    chosen here: on validation the best-validation-loss round is picked on the same
+    data, so its scores are biased upwards against the last round's; under the nested
+    criterion it is judged by ``benchmarks/stopping_rule.py``, which compares more rules
+    in the same nested design. The protocol's rule stays.
 
     Parameters
     ----------
@@ -224,6 +225,9 @@ def choose(axis: str, values: Sequence[Value], default: Value,
         test subject).
     """
     if axis == "stopping rule":
+        if criterion != CRITERION:
+            return default, ("kept: the protocol's rule; judged in the same nested design "
+                             "by stopping_rule.py")
         return default, ("kept: circular on validation, which picks the round; "
                          "the protocol's rule")
     crit = {(v.label, g): summaries[(v.label, g)].score(criterion) for v in values

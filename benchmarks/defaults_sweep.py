@@ -16,8 +16,8 @@ so the noisier a value's validation curve. ``--nested`` removes that bias: each 
 fold's training part is split again (:func:`fedbn_med.tasks.abide.splits.nested_split`,
 ``--inner-folds`` folds), every run trains on the inner training subjects, picks its
 round on the inner validation subjects and is scored on the inner test subjects, and
-the criterion is that inner-test AUC. No outer test subject is loaded, so no test
-column is printed. It publishes apart (``defaults_sweep-real-nested``).
+the criterion is that inner-test AUC. No outer test subject is trained on, fitted on or
+scored, so no test column is printed. It publishes apart (``defaults_sweep-real-nested``).
 
     python benchmarks/defaults_sweep.py --data-dir DIR [--quick] [--rounds R] [--folds N]
         [--seeds S] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
@@ -58,7 +58,8 @@ from _sweep_grid import (
 
 NAME = "defaults_sweep"
 GROUPS = (("PITT", "YALE", "KKI", "TRINITY"), ("MAX_MUN", "STANFORD", "CALTECH", "SDSU"))
-FIELDS = ("group", "config", "rounds", "fold", "seed", "inner", "best_round", "last_round",
+FIELDS = ("group", "config", "rounds", "fold", "seed", "inner", "inner_folds", "best_round",
+          "last_round",
           *[f"{s}_{at}" for at in ("best", "last") for s in SCORES], "seconds")
 
 
@@ -128,12 +129,18 @@ class Sweep:
         self.cells: dict[tuple[str, str, int, int, int], dict[str, Any]] = {}
         if bench.args.resume and self.path.is_file():
             with open(self.path, newline="", encoding="utf-8") as handle:
-                for row in csv.DictReader(handle):
-                    inner = int(row.get("inner") or -1)
-                    if int(row["rounds"]) == bench.args.rounds and (inner >= 0) == (
-                            inner_folds > 0):
+                reader = csv.DictReader(handle)
+                if tuple(reader.fieldnames or ()) != FIELDS:
+                    raise ValueError(
+                        f"{self.path} has the columns {', '.join(reader.fieldnames or ())}, "
+                        f"not this version's ({', '.join(FIELDS)}): its rows cannot be "
+                        "resumed. Move it away, or run without --resume.")
+                for row in reader:
+                    # a run is reused only under the same rounds and the same nesting
+                    if (int(row["rounds"]) == bench.args.rounds
+                            and int(row["inner_folds"]) == inner_folds):
                         self.cells[(row["group"], row["config"], int(row["fold"]),
-                                    int(row["seed"]), inner)] = row
+                                    int(row["seed"]), int(row["inner"]))] = row
         elif self.path.exists():
             self.path.unlink()
 
@@ -167,7 +174,8 @@ class Sweep:
             best, last = best_round(rows), max(int(r["round"]) for r in rows)
             cell: dict[str, Any] = {"group": group, "config": config,
                                     "rounds": self.bench.args.rounds, "fold": fold,
-                                    "seed": seed, "inner": inner, "best_round": best,
+                                    "seed": seed, "inner": inner,
+                                    "inner_folds": self.inner_folds, "best_round": best,
                                     "last_round": last}
             for at, rnd in (("best", best), ("last", last)):
                 cell.update({f"{k}_{at}": round(v, 6) for k, v in cell_scores(rows, rnd).items()})
@@ -187,9 +195,11 @@ class Sweep:
     def summary(self, value: Value, group: str) -> Summary:
         """Return a value's figures in a group, at the value's round, over every cell."""
         config = self.config(value)
+        inners = set(range(self.inner_folds)) if self.inner_folds else {-1}
         cells = [{s: float(c[f"{s}_{value.at}"]) for s in SCORES}
-                 for (g, cfg, fold, seed, _), c in self.cells.items()
-                 if g == group and cfg == config and (fold, seed) in self.bench.cells]
+                 for (g, cfg, fold, seed, inner), c in self.cells.items()
+                 if g == group and cfg == config and (fold, seed) in self.bench.cells
+                 and inner in inners]
         return summarise(cells, self.test_train_ratio)
 
     @property
@@ -218,10 +228,24 @@ def _pct(stats: tuple[float, float, float]) -> str:
 
 def _combined(chosen: Mapping[str, tuple[Value, str]], defaults: Mapping[str, Value]
               ) -> Value | None:
+    """Return every chosen change together, or None (one change, or changes that conflict).
+
+    Raises
+    ------
+    ValueError
+        If two chosen values set the same setting to different values (the model axis
+        sets weight decay and features too): no single run confirms both.
+    """
     changes: dict[str, object] = {}
     for axis, (value, _) in chosen.items():
         if value.label != defaults[axis].label:
-            changes.update(value.settings)
+            for key, setting in value.settings.items():
+                if key in changes and changes[key] != setting:
+                    raise ValueError(
+                        f"The chosen values set {key} to both {changes[key]!r} and "
+                        f"{setting!r} (axis {axis!r}, value {value.label!r}); no one run "
+                        "confirms both. Sweep those axes apart (--axes).")
+                changes[key] = setting
     if sum(v.label != defaults[a].label for a, (v, _) in chosen.items()) < 2:
         return None  # one change alone is its own row already
     label = " + ".join(v.label for a, (v, _) in chosen.items() if v.label != defaults[a].label)
@@ -245,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="skip the confirmation run of every changed value combined")
     parser.add_argument("--nested", action="store_true",
                         help="choose on the inner-test AUC of nested runs (no outer test "
-                             "subject is loaded); publishes apart")
+                             "subject is used); publishes apart")
     parser.add_argument("--inner-folds", type=positive_int, default=None,
                         help="with --nested: inner folds of each outer training part "
                              "(default 4; 2 with --quick)")
@@ -344,7 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "picks its round on the inner validation subjects (best validation loss) and "
                  "is scored on the inner test subjects "
                  f"({args.folds * args.seeds * inner_folds} runs per value and group). No "
-                 "outer test subject is loaded. Criterion: the inner-test AUC (mean over sites "
+                 "outer test subject is trained on, fitted on or scored. Criterion: the "
+                 "inner-test AUC (mean over sites "
                  "and runs) " + rule + "The inner validation AUC is shown beside it; the "
                  "interval columns are inner-test scores, the mean over both groups with the "
                  "corrected resampled t (Nadeau-Bengio, n_test/n_train = "

@@ -91,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
     notes = (f"Sites {', '.join(sites)} from {data}; "
-             f"{features + ' features; ' if bench.variant else ''}"
+             f"{features + ' features; ' if features != default else ''}"
              f"{'model ' + args.model + '; ' if args.model != Settings().model else ''}"
-             f"{f'weight decay {args.weight_decay:g}; ' if args.weight_decay else ''}"
+             f"{f'weight decay {args.weight_decay:g}; ' if parts[2] else ''}"
              f"{spec.settings.optimizer.upper()} lr "
              f"{spec.lr:g}, batch {spec.batch_size}, {spec.local_epochs} local epoch(s) per "
              f"round, dropout {spec.dropout:g}, weighting {args.weighting}.")

@@ -101,3 +101,12 @@ def test_fedbn_with_the_linear_model_keeps_each_sites_input_statistics_home():
     assert torch.equal(a["net.1.weight"], b["net.1.weight"])
     # each site standardised by its own statistics (its inputs differ by a shift)
     assert (b["net.0.N.running_mean"] - a["net.0.N.running_mean"]).mean() > 1.0
+
+
+def test_sgd_refuses_a_weight_decay_that_diverges():
+    from fedbn_med.training.optim import PlainSGD
+
+    assert PlainSGD(3e-3, 100.0).weight_decay == 100.0  # lr x wd = 0.3: shrinks, converges
+    with pytest.raises(ValueError, match=r"SGD with lr 0\.03 and weight_decay 100 diverges: "
+                                         r"lr x weight_decay = 3 must be below 2"):
+        PlainSGD(3e-2, 100.0)

@@ -204,7 +204,7 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
     assert len(cells) == 8 * 2 * 2
     header = (out / "table.md").read_text(encoding="utf-8").splitlines()[0]
     assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
-    assert "No outer test subject is loaded" in printed
+    assert "No outer test subject is trained on, fitted on or scored" in printed
     # no nested run saw an outer test subject: every row it holds is outside the fold
     assert seen
     sites = load_sites(list(SITES))
@@ -232,3 +232,32 @@ def sweep_spec(release: Path):
     from fedbn_med.spec import RunSpec
 
     return RunSpec.for_task("abide", data_dir=release)
+
+
+def test_resume_refuses_a_cells_file_of_other_columns(sweep: ModuleType, release: Path,
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    old = ("group,config,rounds,fold,seed,best_round,last_round\n"
+           "A,default,3,0,0,2,3\n")
+    (out / "cells.csv").write_text(old, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"cells\.csv has the columns group, config, rounds, "
+                                         r"fold, seed, best_round, last_round, not this"):
+        sweep.main(["--quick", "--data-dir", str(release), "--groups", GROUPS, "--out",
+                    str(out), "--resume", "--axes", "dropout"])
+    assert (out / "cells.csv").read_text(encoding="utf-8") == old  # nothing lost
+
+
+def test_a_confirmation_run_of_conflicting_changes_is_refused(sweep: ModuleType) -> None:
+    from _sweep_grid import AXES, Value
+
+    wd = next(v for v in AXES["weight decay"] if v.label == "5e-2")
+    linear = next(v for v in AXES["model"] if v.label == "linear, tangent space, wd 100")
+    defaults = {"weight decay": Value("weight decay", "0"), "model": Value("model", "MLP")}
+    with pytest.raises(ValueError, match=r"set weight_decay to both 0\.05 and 100\.0"):
+        sweep._combined({"weight decay": (wd, ""), "model": (linear, "")}, defaults)
+    dropout = next(v for v in AXES["dropout"] if v.label == "0.2")
+    both = sweep._combined({"dropout": (dropout, ""), "model": (linear, "")},
+                           {"dropout": Value("dropout", "0.5"), "model": defaults["model"]})
+    assert both is not None and both.settings["dropout"] == 0.2
+    assert both.settings["weight_decay"] == 100.0

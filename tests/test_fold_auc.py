@@ -128,3 +128,13 @@ def test_fold_auc_bootstrap_checks_its_input() -> None:
     diff, low, high = bootstrap_fold_auc_difference(y, p, 1 - p, site, -np.ones_like(fold),
                                                     n_boot=100)
     assert math.isnan(diff) and math.isnan(low) and math.isnan(high)
+
+
+def test_unpaired_folds_are_named():
+    comparison = _comparison(repetitions=1)
+    moved = [Cell(c.strategy, (c.fold + 1) % N_FOLDS, c.seed, 1, 1, c.scores, c.predictions)
+             if c.strategy == "Majority class" else c for c in comparison.cells]
+    broken = Comparison(sites=SITES, cells=moved, metric_names=("auc",))
+    with pytest.raises(ValueError, match=r"'fedbn' and 'Majority class' tested subject \d+ of "
+                                         r"site S1 in different folds of repetition \(seed\) 0"):
+        broken.subject_tests("fedbn", "Majority class", n_boot=100)

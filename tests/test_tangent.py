@@ -118,14 +118,15 @@ def test_a_given_split_is_what_the_feature_chain_fits_on(small_cohort):
     """A nested split (the nested defaults sweep): the reference from its training part."""
     from fedbn_med.tasks.abide.build import _load_split, prepare_site_data
     from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.tasks.abide.splits import nested_split
+    from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
     from fedbn_med.tasks.abide.transforms import _site_series
 
     site = load_sites(["UCLA"])["UCLA"]
     spec = RunSpec.for_task("abide", sites=("UCLA",), data_dir=small_cohort,
                             connectivity="tangent")
     data_dir, feats, outer = _load_split(site, spec)
-    inner = nested_split(feats.labels, fold=0, inner_folds=2, inner_fold=1)
+    inner = nested_split(feats.labels, fold=spec.fold, inner_folds=2, inner_fold=1,
+                         seed=repetition_split_seed(site.split_seed, spec.seed))
     assert not set(inner.train) & set(outer.test) and not set(inner.test) & set(outer.test)
     data = prepare_site_data(site, spec, inner)
     series = _site_series(str(data_dir), feats.site, tuple(sorted(set(

@@ -4,9 +4,11 @@ The runs of :func:`fedbn_med.evaluation.runner.run_cell` keep each subject's tes
 prediction at the selected round (:attr:`~fedbn_med.evaluation.comparison.Cell.predictions`).
 Pooled over the folds and averaged over the repetitions, these give one out-of-fold
 prediction per subject (:func:`pooled_predictions`), on which FedBN is tested against
-each other method subject by subject (:func:`subject_tests`: McNemar on correctness,
-DeLong on AUC stratified by site and test fold) with bootstraps over subjects stratified
-by site.
+each other method subject by subject (:func:`subject_tests`): McNemar on correctness of
+those pooled predictions; DeLong on AUC and a bootstrap of the AUC on each repetition's
+predictions, each subject ranked only within its own site and test fold (one model's
+scores); a bootstrap of the balanced accuracy. Both bootstraps resample subjects within
+sites.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fedbn_med.evaluation.paired_tests import (
     bootstrap_repeated_difference,
     delong,
     mcnemar,
+    two_sided_p,
 )
 
 if TYPE_CHECKING:
@@ -124,8 +127,6 @@ def _repeated_delong(y: np.ndarray, prob_a: np.ndarray, prob_b: np.ndarray,
     result is their means (see :func:`subject_tests`). NaN fields when no repetition has
     a stratum with two subjects of each class.
     """
-    from scipy import stats
-
     parts = []
     for r in range(fold.shape[0]):
         keep = fold[r] >= 0
@@ -138,11 +139,7 @@ def _repeated_delong(y: np.ndarray, prob_a: np.ndarray, prob_b: np.ndarray,
         return DeLong(math.nan, math.nan, math.nan, math.nan, math.nan)
     auc_a, auc_b, diff, se = (float(np.mean([getattr(p, f) for p in parts]))
                               for f in ("auc_a", "auc_b", "difference", "se"))
-    if se == 0:
-        p_value = 1.0 if diff == 0 else 0.0
-    else:
-        p_value = float(2 * stats.norm.sf(abs(diff) / se))
-    return DeLong(auc_a, auc_b, diff, se, p_value)
+    return DeLong(auc_a, auc_b, diff, se, two_sided_p(diff, se))
 
 
 def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, np.ndarray]
@@ -178,9 +175,16 @@ def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, n
                 prob[k, rep, cols] = p.prob
                 fold[k, rep, cols] = c.fold
     both = (fold[0] >= 0) & (fold[1] >= 0)
-    if np.any(both & (fold[0] != fold[1])):
-        raise ValueError(f"'{a}' and '{b}' tested a subject in different folds of the same "
-                         "repetition: their cells must share each (fold, seed) split.")
+    clash = np.argwhere(both & (fold[0] != fold[1]))
+    if clash.size:
+        rep, col = (int(v) for v in clash[0])
+        site = next(s for s, (base, where) in offsets.items()
+                    if base <= col < base + len(where))
+        subject = int(index[site][col - offsets[site][0]])
+        raise ValueError(
+            f"'{a}' and '{b}' tested subject {subject} of site {site} in different folds "
+            f"of repetition (seed) {seeds[rep]}: fold {fold[0, rep, col]} and fold "
+            f"{fold[1, rep, col]}. Their cells must share each (fold, seed) split.")
     return prob[0], prob[1], np.where(both, fold[0], -1)
 
 

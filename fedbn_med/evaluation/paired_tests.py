@@ -28,6 +28,7 @@ from fedbn_med.evaluation.metrics import roc_auc
 __all__ = [
     "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",
     "bootstrap_fold_auc_difference", "bootstrap_repeated_difference", "delong", "mcnemar",
+    "two_sided_p",
 ]
 
 
@@ -128,8 +129,6 @@ def delong(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray,
     DeLong
         NaN fields when no stratum has two subjects of each class.
     """
-    from scipy import stats
-
     y = np.asarray(labels).astype(bool)
     a = np.asarray(scores_a, dtype=np.float64)
     b = np.asarray(scores_b, dtype=np.float64)
@@ -150,11 +149,19 @@ def delong(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray,
     arr = np.array(parts)
     auc_a, auc_b, diff = (float(w @ arr[:, i]) for i in range(3))
     se = math.sqrt(float(w ** 2 @ arr[:, 3]))
+    return DeLong(auc_a, auc_b, diff, se, two_sided_p(diff, se))
+
+
+def two_sided_p(difference: float, se: float) -> float:
+    """Return the two-sided normal p-value of a difference and its standard error.
+
+    With no error (``se == 0``): 1 for no difference, else 0.
+    """
+    from scipy import stats
+
     if se == 0:
-        p = 1.0 if diff == 0 else 0.0
-    else:
-        p = float(2 * stats.norm.sf(abs(diff) / se))
-    return DeLong(auc_a, auc_b, diff, se, p)
+        return 1.0 if difference == 0 else 0.0
+    return float(2 * stats.norm.sf(abs(difference) / se))
 
 
 def balanced_accuracy(labels: np.ndarray, prob: np.ndarray) -> float:
@@ -199,7 +206,9 @@ def bootstrap_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b: np.ndar
 
     Subjects are resampled with replacement within each stratum (site), so every
     resample keeps each site's size; the score is computed per site and averaged over
-    the sites, as the tables do. The interval is the percentile interval.
+    the sites, as the tables do. The interval is the percentile interval. For the AUC
+    of a cross-validation use :func:`bootstrap_fold_auc_difference`: here a site's
+    scores are ranked together, which is biased when they come from several models.
 
     Raises
     ------
@@ -343,7 +352,9 @@ def bootstrap_fold_auc_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b
     another fold's (a constant model scores 50 % here, and below 50 % on a site's pooled
     folds when its constant tracks its training part's prevalence). Each bootstrap
     resamples the subjects once, within each stratum (site), and scores every
-    repetition on that same resample; the interval is the percentile interval.
+    repetition on that same resample; the interval is the percentile interval. A small
+    (site, fold) can lose a class in a resample; that site then leaves that cell's mean
+    for that resample.
 
     Parameters
     ----------

@@ -67,7 +67,22 @@ class LocalOptimiser:
 
 
 class PlainSGD(LocalOptimiser):
-    """SGD without momentum, written out (no ``torch.optim`` import at site start)."""
+    """SGD without momentum, written out (no ``torch.optim`` import at site start).
+
+    Raises
+    ------
+    ValueError
+        If ``lr * weight_decay >= 2``: each step multiplies the weights by
+        ``1 - lr * weight_decay`` before the gradient, so they would grow without bound.
+    """
+
+    def __init__(self, lr: float, weight_decay: float = 0.0) -> None:
+        super().__init__(lr, weight_decay)
+        if self.lr * self.weight_decay >= 2:
+            raise ValueError(
+                f"SGD with lr {lr:g} and weight_decay {weight_decay:g} diverges: lr x "
+                f"weight_decay = {lr * weight_decay:g} must be below 2 (each step scales "
+                "the weights by 1 - lr x weight_decay). Lower one of them.")
 
     @torch.no_grad()
     def step(self) -> None:

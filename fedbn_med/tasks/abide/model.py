@@ -67,8 +67,9 @@ class AbideLinear(nn.Module):
     Under FedBN that layer's running statistics stay at their site, so each site's
     features are centred and scaled by its own statistics before the shared weights see
     them; under FedAvg they are averaged like every other tensor. Having no scale, the
-    standardiser is not shrunk by weight decay, which then acts on the linear weights
-    alone, as the L2 penalty of a logistic regression.
+    standardiser is not shrunk by weight decay, which then acts on the linear layer
+    alone: an L2 penalty on its weights, and (unlike most logistic regressions) on its
+    bias too.
 
     Parameters
     ----------

@@ -102,7 +102,8 @@ class Settings:
         layer). ``"linear"``: a BN standardiser on the input features (no scale or
         shift), dropout, one linear layer
         (:class:`fedbn_med.tasks.abide.model.AbideLinear`); the standardiser's running
-        statistics are what FedBN keeps at each site.
+        statistics are what FedBN keeps at each site, and weight decay acts on the
+        linear layer only.
     threshold : str
         Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
         site's own threshold at which its training subjects are predicted positive as
