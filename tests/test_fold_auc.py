@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
+from fedbn_med.evaluation.fold_auc import bootstrap_fold_auc_difference
 from fedbn_med.evaluation.metrics import roc_auc
-from fedbn_med.evaluation.paired_tests import bootstrap_fold_auc_difference, delong
+from fedbn_med.evaluation.paired_tests import delong
 
 SITES = ("S1", "S2")
 N_FOLDS = 5

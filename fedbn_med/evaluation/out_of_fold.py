@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fedbn_med.evaluation.fold_auc import bootstrap_fold_auc_difference
 from fedbn_med.evaluation.paired_tests import (
     DeLong,
-    bootstrap_fold_auc_difference,
     bootstrap_repeated_difference,
     delong,
     mcnemar,
