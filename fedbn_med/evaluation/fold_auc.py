@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 
 from fedbn_med.evaluation.intervals import check_level
+from fedbn_med.evaluation.paired_tests import percentile_interval
 
 __all__ = ["bootstrap_fold_auc_difference"]
 
@@ -98,9 +99,4 @@ def bootstrap_fold_auc_difference(labels: np.ndarray, prob_a: np.ndarray, prob_b
         warnings.simplefilter("ignore", RuntimeWarning)  # a site or cell with no AUC
         by_cell = np.stack([np.nanmean(np.stack(parts), axis=0) for parts in cells.values()])
         total = np.nanmean(by_cell, axis=0)
-    point, boots = float(total[0]), total[1:]
-    boots = boots[np.isfinite(boots)]
-    if boots.size == 0:
-        return point, math.nan, math.nan
-    low, high = np.quantile(boots, [0.5 - level / 2, 0.5 + level / 2])
-    return point, float(low), float(high)
+    return percentile_interval(total, level)

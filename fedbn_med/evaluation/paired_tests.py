@@ -27,7 +27,7 @@ from fedbn_med.evaluation.metrics import roc_auc
 
 __all__ = [
     "DeLong", "McNemar", "balanced_accuracy", "bootstrap_difference",
-    "bootstrap_repeated_difference", "delong", "mcnemar", "two_sided_p",
+    "bootstrap_repeated_difference", "delong", "mcnemar", "percentile_interval", "two_sided_p",
 ]
 
 
@@ -315,6 +315,14 @@ def bootstrap_repeated_difference(labels: np.ndarray, pred_a: np.ndarray, pred_b
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN site or repetition
         by_site = np.nanmean(np.stack(boot_parts), axis=0)  # mean over sites
         total = np.nanmean(by_site, axis=0)  # mean over repetitions
+    return percentile_interval(total, level)
+
+
+def percentile_interval(total: np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
+    """Return (estimate, low, high) from ``total``: the estimate first, then the resamples.
+
+    The interval is the percentile interval of the finite resamples (NaN bounds if none).
+    """
     point, boots = float(total[0]), total[1:]
     boots = boots[np.isfinite(boots)]
     if boots.size == 0:

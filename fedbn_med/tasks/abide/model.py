@@ -33,10 +33,7 @@ class AbideMLP(nn.Module):
         self, in_features: int, hidden: int = 16, num_classes: int = 2, dropout: float = 0.0
     ) -> None:
         super().__init__()
-        if in_features < 1:
-            raise ValueError(f"in_features must be a positive integer, got {in_features}.")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+        _check_sizes(in_features, dropout)
         self.in_features = in_features
         # Only the linear layers draw random numbers, in the same order as the paper's
         # nn.Sequential: the same seed gives the same initial weights.
@@ -83,10 +80,7 @@ class AbideLinear(nn.Module):
 
     def __init__(self, in_features: int, num_classes: int = 2, dropout: float = 0.0) -> None:
         super().__init__()
-        if in_features < 1:
-            raise ValueError(f"in_features must be a positive integer, got {in_features}.")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
+        _check_sizes(in_features, dropout)
         self.in_features = in_features
         self.net = nn.Sequential(
             ADN(ordering="ND", in_channels=in_features, norm=("batch", {"affine": False}),
@@ -96,3 +90,11 @@ class AbideLinear(nn.Module):
 
     def forward(self, x):  # noqa: D102
         return self.net(x)
+
+
+def _check_sizes(in_features: int, dropout: float) -> None:
+    """Raise ``ValueError`` naming a non-positive width or a dropout outside [0, 1)."""
+    if in_features < 1:
+        raise ValueError(f"in_features must be a positive integer, got {in_features}.")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout}.")
