@@ -257,9 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser(NAME, __doc__.splitlines()[0],
                          full=Budget(rounds=100, folds=3, seeds=1),
                          quick=Budget(rounds=3, folds=1, seeds=1))
-    parser.add_argument("--groups", type=_groups, default=GROUPS,
-                        help="federations, sites comma-separated, groups split by '/' "
-                             "(default " + "/".join(",".join(g) for g in GROUPS) + ")")
+    add_groups_option(parser)
     parser.add_argument("--axes", type=_axes, default=None,
                         help=f"axes to sweep (default all: {', '.join(AXES)}; with --quick "
                              f"{', '.join(QUICK_AXES)})")

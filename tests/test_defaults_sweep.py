@@ -261,3 +261,15 @@ def test_a_confirmation_run_of_conflicting_changes_is_refused(sweep: ModuleType)
                            {"dropout": Value("dropout", "0.5"), "model": defaults["model"]})
     assert both is not None and both.settings["dropout"] == 0.2
     assert both.settings["weight_decay"] == 100.0
+
+
+def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
+        sweep: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["--quick", "--axes", "dropout", "--no-confirm", "--out", str(out),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    assert sweep.main(argv) == 0
+    with open(out / "cells.csv", newline="", encoding="utf-8") as handle:
+        cells = list(csv.DictReader(handle))
+    # one group, the task's own four sites: 3 dropout values x 1 group x 1 fold
+    assert {c["group"] for c in cells} == {"A"} and len(cells) == 3
