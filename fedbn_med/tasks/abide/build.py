@@ -142,8 +142,7 @@ def site_rows(site: SiteConfig, config: RunSpec, split: Split | None = None
     return out
 
 
-def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows],
-                own_split: bool = False) -> dict[str, Rows]:
+def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dict[str, Rows]:
     """Apply the run's harmonisation, fitted on training rows only."""
     from fedbn_med.tasks.abide.harmonize import ComBat, SiteStandardizer
 
@@ -153,20 +152,11 @@ def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows],
     if method == "site_z":
         z = SiteStandardizer().fit(rows["train"][0])
         return {k: (z.transform(v[0]), *v[1:]) for k, v in rows.items()}
-    if own_split:
-        _combat_refuses_a_split(site)
     # ComBat's pooled estimates need every site's training rows (not federated).
     train = {name: (rows if name == site.name else site_rows(other, config))["train"][0]
              for name, other in load_sites(list(config.sites)).items()}
     combat = ComBat().fit(train)
     return {k: (combat.transform(site.name, v[0]), *v[1:]) for k, v in rows.items()}
-
-
-def _combat_refuses_a_split(site: SiteConfig) -> None:
-    raise ValueError(
-        f"Site '{site.name}' was given a split of its own, but ComBat fits on every "
-        "site's training rows of the run's fold, which that split does not say. Use "
-        "harmonize=none or site_z with a given split.")
 
 
 def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = None
@@ -183,10 +173,12 @@ def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = N
 
     settings = config.settings
     if split is not None and feature_transform(config) == "combat":
-        _combat_refuses_a_split(site)
+        raise ValueError(
+            f"Site '{site.name}' was given a split of its own, but ComBat fits on every "
+            "site's training rows of the run's fold, which that split does not say. Use "
+            "harmonize=none or site_z with a given split.")
     if has_feature_chain(config):
-        rows = _harmonised(site, config, site_rows(site, config, split),
-                           own_split=split is not None)
+        rows = _harmonised(site, config, site_rows(site, config, split))
 
         def tensors(name: str) -> tuple[torch.Tensor, torch.Tensor]:
             x, y = rows[name][0], rows[name][1]
