@@ -218,7 +218,7 @@ class Benchmark:
     def publish(self, table: str, rows: Sequence[Mapping[str, object]],
                 plot: Callable[[Path], Path], notes: str = "",
                 metrics: Mapping[str, float] | None = None, *, protocol: str = "",
-                check: str = "none") -> Path:
+                check: str = "none", files: Mapping[str, bytes] | None = None) -> Path:
         """Write, log and print the results; return the output folder.
 
         Parameters
@@ -239,8 +239,12 @@ class Benchmark:
         check : str
             With ``--publish``: what the README test recomputes from the CSV
             (:func:`_published.publish`).
+        files : mapping of str to bytes, optional
+            Further files, by name, written beside ``table.csv`` (and published with it).
         """
         self.out.mkdir(parents=True, exist_ok=True)
+        for file, content in (files or {}).items():
+            (self.out / file).write_bytes(content)
         wall = self.wall_time
         mode = "quick" if self.args.quick else "full"
         footer = (f"\n\n{notes}\n" if notes else "\n") + (
@@ -259,7 +263,7 @@ class Benchmark:
         self._log(table + footer, png, summary, metrics or {})
         if self.args.publish:
             self._publish(table + (f"\n\n{notes}" if notes else ""), csv_text(rows),
-                          protocol, check)
+                          protocol, check, files or {})
         print(table)
         if notes:
             print(f"\n{notes}")
@@ -281,7 +285,8 @@ class Benchmark:
         sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task(TASK).sites)
         return describe_data(sites, real), sites
 
-    def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
+    def _publish(self, report: str, csv: str, protocol: str, check: str,
+                 files: Mapping[str, bytes]) -> None:
         from _published import publish, publish_key
 
         data, sites = self.data_description()
@@ -293,7 +298,7 @@ class Benchmark:
         key = publish_key(self.name, sites if real else None, real, self.variant)
         folder = publish(key, name=self.name, argv=self.argv, report=report, csv_text=csv,
                          data=data, protocol=f"{design}{'; ' + protocol if protocol else ''}",
-                         wall_time_s=self.wall_time, check=check)
+                         wall_time_s=self.wall_time, check=check, files=files)
         print(f"published to {folder}")
 
     def _log(self, table: str, png: Path, summary: Mapping[str, object],

@@ -7,7 +7,11 @@ A benchmark run with ``--publish`` copies what it produced into
   method and cell, every metric at the selected and at the last round);
 - ``report.md``: the tables and notes exactly as the benchmark printed them;
 - ``meta.json``: how the figures were obtained (command, data, protocol, wall time,
-  commit, date) and the SHA-256 of both files.
+  commit, date) and the SHA-256 of both files;
+- for the comparison protocol, ``cell_predictions.csv.gz``: every run's test prediction
+  of every subject (strategy, fold, seed, site, subject, label, P(ASD)), from which the
+  subject-level tests can be recomputed without training again (hashed in ``meta.json``
+  too).
 
 It then rewrites the README block between ``<!-- results:<key> -->`` and
 ``<!-- /results:<key> -->`` with :func:`render_block`. ``tests/test_readme_tables.py``
@@ -40,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_DIR = ROOT / "benchmarks" / "published"
 README = ROOT / "README.md"
 _KEY = re.compile(r"^[a-z][a-z0-9_]*(-[A-Za-z0-9_,+-]+)?$")
+_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _BLOCK = re.compile(r"<!-- results:(?P<key>[^ ]+) -->\n(?P<body>.*?)<!-- /results:(?P=key) -->",
                     re.DOTALL)
 
@@ -151,7 +156,7 @@ def _command(name: str, argv: Sequence[str]) -> str:
 
 def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
             csv_text: str, data: str, protocol: str, wall_time_s: float,
-            check: str = "none") -> Path:
+            check: str = "none", files: Mapping[str, bytes] | None = None) -> Path:
     """Write ``benchmarks/published/<key>/`` and rewrite the README block; return the folder.
 
     Parameters
@@ -175,13 +180,23 @@ def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
     check : str
         What the README test recomputes from ``table.csv``: ``"comparison"`` (per-method
         means of the comparison protocol's tables) or ``"none"``.
+    files : mapping of str to bytes, optional
+        Further files to publish beside them (e.g. ``cell_predictions.csv.gz``), by
+        plain file name; each is hashed in ``meta.json`` like the two above.
     """
     if not _KEY.match(key):
         raise ValueError(f"results key {key!r} must look like 'name' or 'name-real-SITES'")
+    extra = dict(files or {})
+    for file in extra:  # checked before anything is written
+        if file in ("report.md", "table.csv", "meta.json") or not _FILE.match(file):
+            raise ValueError(f"published file name {file!r}: expected a plain file name "
+                             f"other than report.md, table.csv and meta.json")
     folder = PUBLISHED_DIR / key
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.md").write_text(report.rstrip() + "\n", encoding="utf-8")
     (folder / "table.csv").write_text(csv_text, encoding="utf-8")
+    for file, content in extra.items():
+        (folder / file).write_bytes(content)
     meta = {
         "key": key, "benchmark": name,
         "command": _command(name, sys.argv[1:] if argv is None else argv),
@@ -190,7 +205,8 @@ def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
         "check": check, "environment": environment(),
         "sha256": {"report.md": _sha256(folder / "report.md"),
-                   "table.csv": _sha256(folder / "table.csv")},
+                   "table.csv": _sha256(folder / "table.csv"),
+                   **{file: _sha256(folder / file) for file in sorted(extra)}},
     }
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     if not rewrite_readme(key):
@@ -254,8 +270,8 @@ def check_hashes(key: str) -> list[str]:
     hashes = meta.get("sha256")
     if not isinstance(hashes, Mapping):
         return [f"benchmarks/published/{key}/meta.json: no sha256 table"]
-    for file in ("report.md", "table.csv"):
-        path = PUBLISHED_DIR / key / file
+    for file in sorted({"report.md", "table.csv", *hashes}):
+        path = PUBLISHED_DIR / key / str(file)
         if not path.is_file():
             problems.append(f"{path}: missing")
         elif _sha256(path) != hashes.get(file):

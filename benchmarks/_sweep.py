@@ -19,6 +19,7 @@ independent) is kept for ``interval_design.py``'s comparison of the two.
 
 from __future__ import annotations
 
+import gzip
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -174,6 +175,10 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     bench.out.mkdir(parents=True, exist_ok=True)
     (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
                                                encoding="utf-8")
+    # Every run's own predictions, compressed reproducibly (no time stamp in the header).
+    rows = comparison.cell_prediction_rows()
+    files = ({"cell_predictions.csv.gz": gzip.compress(csv_text(rows).encode("utf-8"),
+                                                       mtime=0)} if rows else {})
     groups = [*sites, "mean"]
 
     def plot(path: Path) -> Path:
@@ -193,7 +198,8 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     bench.publish(table, comparison.rows(), plot, notes=notes, metrics=comparison.metrics(),
                   protocol="each run's result at its round with the lowest mean validation "
                            "loss; mean [95 % CI] over the cells, corrected for shared "
-                           "subjects (Nadeau-Bengio)", check="comparison")
+                           "subjects (Nadeau-Bengio)", check="comparison",
+                  files=files)
     return 0
 
 

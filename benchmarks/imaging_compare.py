@@ -32,7 +32,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 import argparse
 import math
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -136,7 +136,8 @@ class ImagingBenchmark(Benchmark):
                 f"{', '.join(spec.sites)} (data_seed {s.data_seed}; {size} images, "
                 f"{s.subjects} subjects per site{extra})", tuple(spec.sites))
 
-    def _publish(self, report: str, csv: str, protocol: str, check: str) -> None:
+    def _publish(self, report: str, csv: str, protocol: str, check: str,
+                 files: Mapping[str, bytes]) -> None:
         from _published import publish
 
         data, _ = self.data_description()
@@ -145,7 +146,7 @@ class ImagingBenchmark(Benchmark):
         folder = publish(f"{NAME}-{self.args.task}", name=self.name, argv=self.argv,
                          report=report, csv_text=csv, data=data,
                          protocol=f"{design}; {protocol}", wall_time_s=self.wall_time,
-                         check=check)
+                         check=check, files=files)
         print(f"published to {folder}")
 
 

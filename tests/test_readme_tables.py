@@ -87,6 +87,22 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
     assert meta["environment"]["numerics"] == describe()
     assert tables.problems(text) == []
 
+    # Every run's own predictions are published beside the table, hashed like it, and
+    # reproducible byte for byte (no time stamp in the gzip header).
+    cells_path = published.PUBLISHED_DIR / KEY / "cell_predictions.csv.gz"
+    assert meta["sha256"]["cell_predictions.csv.gz"] == published._sha256(cells_path)
+    assert cells_path.read_bytes() == (tmp_path / "out" / "cell_predictions.csv.gz"
+                                       ).read_bytes()
+    assert cells_path.read_bytes()[4:8] == b"\0\0\0\0"
+    cells_path.write_bytes(cells_path.read_bytes()[:-4] + b"\0\0\0\0")
+    assert any("cell_predictions.csv.gz: changed since its benchmark published it" in p
+               for p in tables.problems(text))
+    cells_path.write_bytes((tmp_path / "out" / "cell_predictions.csv.gz").read_bytes())
+    with pytest.raises(ValueError, match="plain file name"):
+        published.publish(KEY, name="real_compare", argv=[], report="r", csv_text="a\n",
+                          data="d", protocol="p", wall_time_s=0.0,
+                          files={"../escape.txt": b"x"})
+
     # A number typed into the README by hand.
     body = tables.blocks(text)[KEY]
     row = next(ln for ln in body.splitlines() if ln.startswith("| FedBN |"))

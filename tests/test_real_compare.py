@@ -8,6 +8,7 @@ paper's four, into a real MLflow sqlite store.
 from __future__ import annotations
 
 import csv
+import gzip
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,21 @@ def test_quick_run_on_other_sites(real_compare: ModuleType, release: Path, tmp_p
     with open(out / "predictions.csv", newline="", encoding="utf-8") as handle:
         predictions = list(csv.DictReader(handle))
     assert {p["site"] for p in predictions} == set(SITES)
+    # Each run's own predictions, before pooling: averaged over the repetitions they are
+    # the pooled out-of-fold predictions above.
+    with gzip.open(out / "cell_predictions.csv.gz", "rt", newline="",
+                   encoding="utf-8") as handle:
+        per_cell = list(csv.DictReader(handle))
+    assert set(per_cell[0]) == {"strategy", "fold", "seed", "site", "subject", "label",
+                                "prob_asd"}
+    pooled: dict[tuple[str, str, str], list[float]] = {}
+    for r in per_cell:
+        pooled.setdefault((r["strategy"], r["site"], r["subject"]), []).append(
+            float(r["prob_asd"]))
+    assert {(p["strategy"], p["site"], p["subject"]) for p in predictions} == set(pooled)
+    for p in predictions:
+        got = pooled[(p["strategy"], p["site"], p["subject"])]
+        assert float(p["prob_asd"]) == pytest.approx(sum(got) / len(got), abs=2e-6)
     assert (out / "plot.png").stat().st_size > 0
     client = MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("abide-benchmarks")

@@ -316,6 +316,12 @@ class Comparison:
 
         return prediction_rows(self)
 
+    def cell_prediction_rows(self) -> list[dict[str, object]]:
+        """Return one row per (strategy, fold, seed, site, subject): that run's P(ASD)."""
+        from fedbn_med.evaluation.out_of_fold import cell_prediction_rows
+
+        return cell_prediction_rows(self)
+
     # -- text (fedbn_med.evaluation.tables) -----------------------------------------------
     def table(self, at: str, metric: str = "balanced_accuracy") -> str:
         """Return a markdown table: per site and mean, mean [corrected 95 % CI], in %."""

@@ -31,7 +31,7 @@ from fedbn_med.evaluation.paired_tests import (
 if TYPE_CHECKING:
     from fedbn_med.evaluation.comparison import Comparison
 
-__all__ = ["pooled_predictions", "prediction_rows", "subject_tests"]
+__all__ = ["cell_prediction_rows", "pooled_predictions", "prediction_rows", "subject_tests"]
 
 
 def pooled_predictions(comparison: Comparison, strategy: str, at: str = "best"
@@ -198,3 +198,16 @@ def prediction_rows(comparison: Comparison) -> list[dict[str, object]]:
                     for i, t, p in zip(index, y, prob)]
     return out
 
+
+def cell_prediction_rows(comparison: Comparison) -> list[dict[str, object]]:
+    """Return one row per (strategy, fold, seed, site, subject): that run's P(ASD).
+
+    The predictions every subject-level test is computed from, before pooling: with them
+    a test can be recomputed (or a new one run) without training again. Rows follow the
+    comparison's cells in order; a cell without recorded predictions adds none.
+    """
+    return [{"strategy": c.strategy, "fold": c.fold, "seed": c.seed, "site": site,
+             "subject": int(i), "label": int(t), "prob_asd": round(float(p), 6)}
+            for c in comparison.cells
+            for site, pred in c.predictions.items()
+            for i, t, p in zip(pred.index, pred.labels, pred.prob)]
