@@ -172,7 +172,11 @@ def test_bodies_in_flight_are_bounded_and_memory_comes_back(gate):
     for sock, _ in clients:
         sock.close()
     mib = 1 << 20
-    assert peak - before < 48 * mib, (before / mib, peak / mib)
+    # Unbounded, the gate would hold the 120 MiB of bodies (twice, with the copy for the
+    # SuperLink). Bounded, it holds 16 MiB of bodies plus what is not counted against the
+    # budget: TLS and stream buffers of 30 connections and the allocator's slack, which
+    # reached 55 MiB in all once on a loaded 2-core machine.
+    assert peak - before < 64 * mib, (before / mib, peak / mib)
     # what the gate had taken in goes back once it has dealt with it
     deadline = time.monotonic() + 8
     while (after := g["gate"].memory_info().rss) - before >= 16 * mib and \

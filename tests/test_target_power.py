@@ -1,0 +1,109 @@
+"""``benchmarks/target_power.py``: the reference-row target's power, read from published cells.
+
+The tests write a published folder of their own (a ``table.csv`` of cells as the
+comparison protocol writes it, and a ``report.md`` naming its n_test/n_train) and check
+the figures against the interval the comparison tables use.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from fedbn_med.evaluation.comparison import MAJORITY, MOTION
+from fedbn_med.evaluation.intervals import corrected_t_interval
+
+KEY = "real_compare-real-PITT_YALE"
+
+
+@pytest.fixture()
+def power(benchmark_module: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_module("target_power")
+
+
+def _write(folder: Path, auc: dict[str, list[float]], ratio: str = "0.250",
+           folds: int = 5) -> Path:
+    key = folder / KEY
+    key.mkdir(parents=True)
+    with open(key / "table.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, ["strategy", "fold", "seed", "auc_best_mean"],
+                                lineterminator="\n")
+        writer.writeheader()
+        for strategy, values in auc.items():
+            for k, v in enumerate(values):
+                writer.writerow({"strategy": strategy, "fold": k % folds,
+                                 "seed": k // folds, "auc_best_mean": v})
+    (key / "report.md").write_text(f"... corrected (Nadeau-Bengio, n_test/n_train = "
+                                   f"{ratio}) ...\n", encoding="utf-8")
+    return folder
+
+
+def test_the_figures_are_the_comparison_tables_and_the_projection_is_consistent(
+        power: ModuleType, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    fedbn = list(0.65 + 0.05 * rng.standard_normal(15))
+    motion = list(0.62 + 0.15 * rng.standard_normal(15))  # noisy and close: a high floor
+    folder = _write(tmp_path, {"FedBN": fedbn, MAJORITY: [0.5] * 15, MOTION: motion})
+    rows = {r["difference"]: r for r in power.power_rows(KEY, folder=folder)}
+    majority, motion_row = rows[f"FedBN - {MAJORITY}"], rows[f"FedBN - {MOTION}"]
+
+    diffs = [a - 0.5 for a in fedbn]
+    mean, low, high = corrected_t_interval(diffs, 0.25)
+    assert (majority["mean"], majority["corrected_low"], majority["corrected_high"]) == \
+        pytest.approx((mean, low, high))
+    assert majority["cells"] == 15 and majority["repetitions"] == 3
+    # the projection at the observed design is the observed interval's half-width
+    assert majority["half_width_3"] == pytest.approx((high - low) / 2)
+    # more repetitions narrow it, never below the floor
+    assert majority["half_width_50"] < majority["half_width_10"] < majority["half_width_3"]
+    assert majority["floor"] < majority["half_width_50"]
+    assert majority["floor"] == pytest.approx(1.96 * np.std(diffs, ddof=1) * 0.5)
+    # a mean above the floor: some design excludes 0, and the fewest repetitions do
+    needed = majority["repetitions_needed"]
+    assert needed is not None
+    s = float(majority["sd"])
+    assert power.projected_half_width(s, 0.25, 5 * needed) < abs(mean)
+    assert needed == 1 or power.projected_half_width(s, 0.25, 5 * (needed - 1)) >= abs(mean)
+    # a mean below the floor: no number of repetitions
+    assert motion_row["floor"] > abs(float(motion_row["mean"]))
+    assert motion_row["repetitions_needed"] is None
+    table = power.render(list(rows.values()))
+    assert "none (mean below the floor)" in table and "**excludes 0**" in table
+
+
+def test_the_ratio_comes_from_the_report_and_main_prints_the_table(
+        power: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _write(tmp_path, {"FedBN": [0.6, 0.7, 0.65, 0.62, 0.68], MAJORITY: [0.5] * 5},
+                    ratio="0.333")
+    (row,) = power.power_rows(KEY, folder=folder)
+    assert row["ratio"] == pytest.approx(0.333)
+    assert math.isnan(power.projected_half_width(0.1, 0.25, 1))
+    monkeypatch.setattr(power, "PUBLISHED_DIR", folder)
+    assert power.comparison_keys() == [KEY]
+    assert power.main([]) == 0
+    out = capsys.readouterr().out
+    assert "FedBN - Majority class" in out and "n_test/n_train = 0.333" in out
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no published comparison 'real_compare-real-PITT_YALE'"),
+    ("a,b\n1,2\n", "this is not a comparison's table"),
+    ("strategy,fold,seed,auc_best_mean\nFedAvg,0,0,0.5\n", "no 'FedBN' rows"),
+    ("strategy,fold,seed,acc\nFedBN,0,0,0.5\nMajority class,0,0,0.5\n",
+     "no column 'auc_best_mean'"),
+])
+def test_a_missing_or_wrong_table_is_named(power: ModuleType, tmp_path: Path,
+                                           content: str | None, message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    if content is not None:
+        (tmp_path / KEY).mkdir()
+        (tmp_path / KEY / "table.csv").write_text(content, encoding="utf-8")
+    with pytest.raises((FileNotFoundError, ValueError), match=message):
+        power.power_rows(KEY, folder=tmp_path)
