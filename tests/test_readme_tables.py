@@ -43,7 +43,8 @@ def modules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                         lambda key=None, readme=readme, _f=published.rewrite_readme:
                         _f(key, readme))
     return {"published": published, "tables": tables,
-            "real_compare": benchmark_module("real_compare")}
+            "real_compare": benchmark_module("real_compare"),
+            "subject_tests": benchmark_module("subject_tests")}
 
 
 def test_the_readme_matches_the_published_results() -> None:
@@ -60,7 +61,8 @@ def test_the_readme_matches_the_published_results() -> None:
 
 
 def test_publish_writes_the_block_and_a_hand_edit_is_caught(
-        modules: dict[str, ModuleType], tmp_path: Path) -> None:
+        modules: dict[str, ModuleType], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     release = write_release(tmp_path / "release", SITES, seed=3)
     published, tables = modules["published"], modules["tables"]
     assert modules["real_compare"].main(
@@ -98,6 +100,11 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
     assert any("cell_predictions.csv.gz: changed since its benchmark published it" in p
                for p in tables.problems(text))
     cells_path.write_bytes((tmp_path / "out" / "cell_predictions.csv.gz").read_bytes())
+    # ... and they are enough: the subject-level table recomputed from them is the one
+    # the benchmark published, to the digit (benchmarks/subject_tests.py).
+    subject_tests = modules["subject_tests"]
+    monkeypatch.setattr(subject_tests, "PUBLISHED_DIR", published.PUBLISHED_DIR)
+    assert subject_tests.main(["--key", KEY]) == 0
     with pytest.raises(ValueError, match="plain file name"):
         published.publish(KEY, name="real_compare", argv=[], report="r", csv_text="a\n",
                           data="d", protocol="p", wall_time_s=0.0,

@@ -1,0 +1,118 @@
+"""Subject-level tests recomputed from a comparison's published per-run predictions.
+
+``fedbn_med.evaluation.out_of_fold.comparison_from_predictions`` and
+``benchmarks/subject_tests.py``, on predictions the tests make (the round trip through a
+real benchmark's published files is in ``tests/test_readme_tables.py``).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
+from fedbn_med.evaluation.out_of_fold import cell_prediction_rows, comparison_from_predictions
+from fedbn_med.evaluation.report import csv_text
+
+KEY = "real_compare-real-PITT_YALE"
+
+
+def _comparison() -> Comparison:
+    """FedBN and FedAvg on two sites, 2 folds x 2 seeds, each site's subjects split in two."""
+    rng = np.random.default_rng(4)
+    labels = {"PITT": rng.integers(0, 2, 12), "YALE": rng.integers(0, 2, 10)}
+    comparison = Comparison(sites=("PITT", "YALE"), n_folds=2)
+    for strategy, signal in (("FedBN", 0.3), ("FedAvg", 0.1)):
+        for seed in (0, 1):
+            order = {s: np.random.default_rng(seed).permutation(y.size)
+                     for s, y in labels.items()}
+            for fold in (0, 1):
+                preds = {}
+                for site, y in labels.items():
+                    idx = np.sort(order[site][fold::2])
+                    prob = np.clip(0.5 + signal * (y[idx] - 0.5)
+                                   + 0.2 * rng.standard_normal(idx.size), 0, 1)
+                    preds[site] = SitePredictions(idx, y[idx], prob)
+                comparison.add(Cell(strategy, fold, seed, 1, 2, {}, preds))
+    return comparison
+
+
+def _rows(comparison: Comparison) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(csv_text(cell_prediction_rows(comparison)))))
+
+
+def test_the_rows_rebuild_every_subject_level_figure() -> None:
+    original = _comparison()
+    rebuilt = comparison_from_predictions(_rows(original), ("PITT", "YALE"))
+    assert rebuilt.strategies == original.strategies
+    for strategy in original.strategies:
+        for site, (idx, y, prob, reps) in original.out_of_fold(strategy).items():
+            r_idx, r_y, r_prob, r_reps = rebuilt.out_of_fold(strategy)[site]
+            assert np.array_equal(idx, r_idx) and np.array_equal(y, r_y) and reps == r_reps
+            np.testing.assert_allclose(prob, r_prob, atol=1e-6)  # six decimals in the CSV
+    assert rebuilt.subject_table(200) == original.subject_table(200)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda rows: rows[1].pop("label"), r"row 3: expected strategy, fold, seed"),
+    (lambda rows: rows[1].update(fold="x"), r"row 3: expected strategy"),
+    (lambda rows: rows[1].update(label="2"),
+     r"row 3: label must be 0 or 1 and prob_asd in \[0, 1\]"),
+    (lambda rows: rows[1].update(prob_asd="nan"), r"row 3: label must be 0 or 1"),
+    (lambda rows: rows[1].update(subject=rows[0]["subject"]),
+     r"row 3: subject \d+ of site PITT is listed twice for FedBN, fold 0, seed 0"),
+])
+def test_a_bad_row_is_named(edit: Callable[[list[dict[str, str]]], object],
+                            message: str) -> None:
+    rows = _rows(_comparison())
+    edit(rows)
+    with pytest.raises(ValueError, match=f"^file.csv, {message}"):
+        comparison_from_predictions(rows, source="file.csv")
+
+
+@pytest.fixture()
+def tool(benchmark_module: Callable[[str], ModuleType], tmp_path: Path,
+         monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    module = benchmark_module("subject_tests")
+    monkeypatch.setattr(module, "PUBLISHED_DIR", tmp_path)
+    return module
+
+
+def test_the_tool_says_whether_the_published_table_is_reproduced(
+        tool: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    comparison = _comparison()
+    (tmp_path / KEY).mkdir()
+    (tmp_path / KEY / tool.FILE).write_bytes(
+        gzip.compress(csv_text(cell_prediction_rows(comparison)).encode(), mtime=0))
+    table = comparison.subject_table(2000)
+    report = tmp_path / KEY / "report.md"
+    report.write_text(f"| method | PITT | YALE | mean |\n\n{table}\n", encoding="utf-8")
+    assert tool.main(["--key", KEY]) == 0
+    assert "Identical to the subject-level table" in capsys.readouterr().err
+    report.write_text(f"| method | PITT | YALE | mean |\n\n{table.replace('|', '| ', 1)}\n",
+                      encoding="utf-8")
+    assert tool.main(["--key", KEY]) == 1
+    assert "DIFFERS from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no per-run predictions for 'real_compare-real-PITT_YALE'"),
+    (b"not gzip at all", "not a readable gzip CSV"),
+    (gzip.compress(b"strategy,fold,seed,site,subject,label,prob_asd\n"), "holds no predictions"),
+])
+def test_a_missing_or_damaged_file_is_named(tool: ModuleType, tmp_path: Path,
+                                            content: bytes | None, message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    if content is not None:
+        (tmp_path / KEY).mkdir()
+        (tmp_path / KEY / tool.FILE).write_bytes(content)
+    with pytest.raises(SystemExit):
+        tool.main(["--key", KEY])
+    assert message in capsys.readouterr().err
