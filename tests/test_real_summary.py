@@ -1,4 +1,4 @@
-"""``benchmarks/target_power.py``: the reference-row target's power, read from published cells.
+"""``benchmarks/real_summary.py``: the comparisons at a glance and the target's power, from cells.
 
 The tests write a published folder of their own (a ``table.csv`` of cells as the
 comparison protocol writes it, and a ``report.md`` naming its n_test/n_train) and check
@@ -24,7 +24,7 @@ KEY = "real_compare-real-PITT_YALE"
 
 @pytest.fixture()
 def power(benchmark_module: Callable[[str], ModuleType]) -> ModuleType:
-    return benchmark_module("target_power")
+    return benchmark_module("real_summary")
 
 
 def _write(folder: Path, auc: dict[str, list[float]], ratio: str = "0.250",
@@ -32,13 +32,14 @@ def _write(folder: Path, auc: dict[str, list[float]], ratio: str = "0.250",
     key = folder / KEY
     key.mkdir(parents=True)
     with open(key / "table.csv", "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, ["strategy", "fold", "seed", "auc_best_mean"],
-                                lineterminator="\n")
+        writer = csv.DictWriter(handle, ["strategy", "fold", "seed", "auc_best_mean",
+                                         "balanced_accuracy_best_mean"], lineterminator="\n")
         writer.writeheader()
         for strategy, values in auc.items():
             for k, v in enumerate(values):
                 writer.writerow({"strategy": strategy, "fold": k % folds,
-                                 "seed": k // folds, "auc_best_mean": v})
+                                 "seed": k // folds, "auc_best_mean": v,
+                                 "balanced_accuracy_best_mean": v - 0.01})
     (key / "report.md").write_text(f"... corrected (Nadeau-Bengio, n_test/n_train = "
                                    f"{ratio}) ...\n", encoding="utf-8")
     return folder
@@ -76,6 +77,18 @@ def test_the_figures_are_the_comparison_tables_and_the_projection_is_consistent(
     table = power.render(list(rows.values()))
     assert "none (mean below the floor)" in table and "**excludes 0**" in table
 
+    # the headline: FedBN's own figures and its differences, the target not met
+    summary = power.summary_rows(KEY, folder=folder)
+    assert summary["fedbn_auc"] == pytest.approx(corrected_t_interval(fedbn, 0.25))
+    assert summary["fedbn_balanced_accuracy"] == pytest.approx(
+        corrected_t_interval([v - 0.01 for v in fedbn], 0.25))
+    assert summary[f"minus_{MAJORITY}"] == pytest.approx((mean, low, high))
+    assert low > 0 and summary["target_met"] is False  # motion-only is not beaten
+    assert "minus_FedAvg" not in summary
+    line = power.render_summary([summary]).splitlines()[-1]
+    assert line.startswith("| PITT, YALE | correlation, MLP | 15 |") and "| n/a |" in line
+    assert line.endswith("| no |")
+
 
 def test_the_ratio_comes_from_the_report_and_main_prints_the_table(
         power: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -90,6 +103,19 @@ def test_the_ratio_comes_from_the_report_and_main_prints_the_table(
     assert power.main([]) == 0
     out = capsys.readouterr().out
     assert "FedBN - Majority class" in out and "n_test/n_train = 0.333" in out
+    assert "the target is met where both reference rows' AUC intervals are above 0 " \
+        "(0 of 1)" in out  # no motion-only row: not met
+
+
+def test_the_target_is_met_only_above_both_reference_rows(power: ModuleType,
+                                                          tmp_path: Path) -> None:
+    fedbn = [0.70, 0.72, 0.69, 0.71, 0.73]
+    folder = _write(tmp_path, {"FedBN": fedbn, "FedAvg": [0.6] * 5, MAJORITY: [0.5] * 5,
+                               MOTION: [0.52, 0.5, 0.51, 0.49, 0.53]})
+    summary = power.summary_rows(KEY, folder=folder)
+    assert summary["target_met"] is True
+    assert summary["minus_FedAvg"][0] == pytest.approx(np.mean(fedbn) - 0.6)
+    assert power.render_summary([summary]).splitlines()[-1].endswith("| **yes** |")
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -107,3 +133,24 @@ def test_a_missing_or_wrong_table_is_named(power: ModuleType, tmp_path: Path,
         (tmp_path / KEY / "table.csv").write_text(content, encoding="utf-8")
     with pytest.raises((FileNotFoundError, ValueError), match=message):
         power.power_rows(KEY, folder=tmp_path)
+
+
+def test_sites_come_from_the_meta_and_federations_are_ordered(power: ModuleType,
+                                                              tmp_path: Path) -> None:
+    import json
+
+    keys = {"real_compare-real-MAX_MUN_LEUVEN_2-tangent": "MAX_MUN, LEUVEN_2",
+            "real_compare-real-MAX_MUN_LEUVEN_2": "MAX_MUN, LEUVEN_2",
+            "real_compare-real-PITT_YALE_KKI": "PITT, YALE, KKI",
+            "real_compare-real-PITT_YALE": "PITT, YALE"}
+    for key, sites in keys.items():
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "meta.json").write_text(json.dumps(
+            {"key": key, "data": f"real ABIDE Preprocessed (C-PAC), shared sites {sites}"}))
+    assert power.site_list("real_compare-real-MAX_MUN_LEUVEN_2", tmp_path) == [
+        "MAX_MUN", "LEUVEN_2"]  # the key alone cannot tell where a name ends
+    assert power.ordered(list(keys), tmp_path) == [
+        "real_compare-real-PITT_YALE", "real_compare-real-MAX_MUN_LEUVEN_2",
+        "real_compare-real-MAX_MUN_LEUVEN_2-tangent", "real_compare-real-PITT_YALE_KKI"]
+    assert power.describe_key("real_compare-real-PITT_YALE-tangent-linear-wd100") == (
+        "PITT_YALE", "tangent, linear wd 100")

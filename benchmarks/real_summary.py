@@ -1,21 +1,25 @@
-"""Can a published comparison ever show FedBN beating the reference rows? Its power, read
-from its cells.
+"""The shared-sites comparisons at a glance, and whether FedBN could ever be shown to beat
+the reference rows: read from the published cells, no training.
 
-The shared-sites target asks that FedBN's site-mean test AUC beat the majority-class and
-the motion-only rows with a corrected interval (Nadeau-Bengio) that excludes them. This
-reads the cells of published comparisons (``benchmarks/published/<key>/table.csv``: no
-training) and, for FedBN minus each reference row, gives the paired mean and the
-corrected interval exactly as the comparison table does, the spread ``s`` of the cells'
-differences, and the corrected half-width that more repetitions of the same 5-fold
-design would give if ``s`` stayed: ``t * s * sqrt(1 / cells + n_test / n_train)``. No
-number of repetitions takes it below the floor ``1.96 * s * sqrt(n_test / n_train)``:
-where the mean difference is smaller than that floor, these sites cannot show it with
-this design whatever is run, and only more subjects (sites) can. The last column is the
-fewest repetitions whose projected half-width is below the observed mean difference,
-i.e. the design that would exclude zero *if* the mean and the spread stayed as they are:
-a projection from a few cells is rough, and a rerun re-draws the mean as well.
+Every published comparison of real shared sites (``benchmarks/published/real_compare-
+real-*/table.csv``) gives one row of the first table: FedBN's site-mean test AUC and
+balanced accuracy, and FedBN minus FedAvg, SingleSet, the majority-class and the
+motion-only rows on AUC, each a mean [corrected 95 % CI] over the cells exactly as the
+comparison's own tables give it (Nadeau-Bengio), and whether the shared-sites target is
+met: FedBN above both reference rows with corrected intervals that exclude them.
 
-    python benchmarks/target_power.py [--keys KEY,KEY] [--metric auc] [--publish]
+The second table asks whether more repetitions could meet it. For FedBN minus each
+reference row it gives the spread ``s`` of the cells' differences and the corrected
+half-width that more repetitions of the same 5-fold design would give if ``s`` stayed:
+``t * s * sqrt(1 / cells + n_test / n_train)``. No number of repetitions takes it below
+the floor ``1.96 * s * sqrt(n_test / n_train)``: where the mean difference is smaller
+than that floor, these sites cannot show it with this design whatever is run; only more
+subjects can. The last column is the fewest repetitions whose projected half-width is
+below the observed mean difference, i.e. the design that would exclude zero *if* the
+mean and the spread stayed as they are: a projection from a few cells is rough, and a
+rerun re-draws the mean as well.
+
+    python benchmarks/real_summary.py [--keys KEY,KEY] [--metric auc] [--publish]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 # isort: split
 import argparse
 import csv
+import json
 import math
 import re
 import sys
@@ -38,9 +43,12 @@ from _published import PUBLISHED_DIR, load_meta
 
 from fedbn_med.evaluation.comparison import MAJORITY, MOTION
 from fedbn_med.evaluation.intervals import corrected_t_interval
+from fedbn_med.evaluation.tables import format_stats
 
-NAME = "target_power"
+NAME = "real_summary"
 FEDBN = "FedBN"
+#: the methods FedBN is set against in the headline table, beside the reference rows
+OTHERS = ("FedAvg", "SingleSet")
 REPETITIONS = (3, 10, 50)
 MAX_REPETITIONS = 1000
 _RATIO = re.compile(r"n_test/n_train = (?P<ratio>[0-9.]+)")
@@ -106,6 +114,50 @@ def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int |
     return None
 
 
+def _column(cells: Mapping[str, Mapping[tuple[int, int], Mapping[str, str]]], strategy: str,
+            column: str, table: Path) -> dict[tuple[int, int], float]:
+    """Return ``{(fold, seed): value}`` of one strategy's column (a clear error if absent)."""
+    try:
+        return {c: float(row[column]) for c, row in cells[strategy].items()}
+    except KeyError:
+        raise ValueError(f"{table}: no column '{column}'") from None
+
+
+def _difference(cells: Mapping[str, Mapping[tuple[int, int], Mapping[str, str]]], a: str,
+                b: str, column: str, table: Path) -> list[float]:
+    """Return the finite paired differences a - b of a column over the cells both ran."""
+    va, vb = _column(cells, a, column, table), _column(cells, b, column, table)
+    return [d for c in sorted(set(va) & set(vb)) if math.isfinite(d := va[c] - vb[c])]
+
+
+def summary_rows(key: str, folder: Path | None = None) -> dict[str, object]:
+    """Return one federation's headline: FedBN's AUC and balanced accuracy, its differences.
+
+    Each figure is a mean with its corrected 95 % interval over the cells, as the
+    comparison's own tables give it; ``target_met`` is whether both reference rows' AUC
+    differences have a corrected interval above 0.
+    """
+    folder = folder or PUBLISHED_DIR
+    cells, ratio, _ = read_cells(key, folder)
+    table = folder / key / "table.csv"
+    if FEDBN not in cells:
+        raise ValueError(f"{table}: no '{FEDBN}' rows to compare")
+    row: dict[str, object] = {"key": key, "cells": len(cells[FEDBN])}
+    for metric in ("auc", "balanced_accuracy"):
+        values = [v for v in _column(cells, FEDBN, f"{metric}_best_mean", table).values()
+                  if math.isfinite(v)]
+        row[f"fedbn_{metric}"] = corrected_t_interval(values, ratio)
+    for other in (*OTHERS, MAJORITY, MOTION):
+        if other in cells:
+            row[f"minus_{other}"] = corrected_t_interval(
+                _difference(cells, FEDBN, other, "auc_best_mean", table), ratio)
+    row["target_met"] = all(
+        isinstance(row.get(f"minus_{ref}"), tuple)
+        and float(row[f"minus_{ref}"][1]) > 0  # type: ignore[index]
+        for ref in (MAJORITY, MOTION))
+    return row
+
+
 def power_rows(key: str, metric: str = "auc", at: str = "best",
                folder: Path | None = None) -> list[dict[str, object]]:
     """Return one row per reference row of a key: FedBN minus it, and its projection."""
@@ -118,14 +170,7 @@ def power_rows(key: str, metric: str = "auc", at: str = "best",
     for other in (MAJORITY, MOTION):
         if other not in cells:
             continue
-        shared = sorted(set(cells[FEDBN]) & set(cells[other]))
-        try:
-            diffs = [float(cells[FEDBN][c][column]) - float(cells[other][c][column])
-                     for c in shared]
-        except KeyError:
-            raise ValueError(f"{folder / key / 'table.csv'}: no column '{column}' "
-                             f"(metric {metric!r} at {at!r})") from None
-        diffs = [d for d in diffs if math.isfinite(d)]
+        diffs = _difference(cells, FEDBN, other, column, folder / key / "table.csv")
         mean, low, high = corrected_t_interval(diffs, ratio)
         s = float(np.std(diffs, ddof=1)) if len(diffs) > 1 else math.nan
         row: dict[str, object] = {
@@ -147,17 +192,67 @@ def _pp(value: object, signed: bool = False) -> str:
                                                else f"{100 * v:.1f}")
 
 
-def _federation(key: str) -> str:
+def describe_key(key: str) -> tuple[str, str]:
+    """Return (sites, features and model) of a published comparison's key."""
     name = key.removeprefix("real_compare-real-")
-    for variant in ("-tangent-linear-wd100", "-tangent"):
-        if name.endswith(variant):
-            return f"{name.removesuffix(variant).replace('_', ' ')} ({variant[1:]})"
-    return name.replace("_", " ")
+    variants = {"-tangent-linear-wd100": "tangent, linear wd 100", "-tangent": "tangent, MLP"}
+    for suffix, words in variants.items():
+        if name.endswith(suffix):
+            return name.removesuffix(suffix), words
+    return name, "correlation, MLP"
+
+
+_VARIANTS = ("correlation, MLP", "tangent, MLP", "tangent, linear wd 100")
+_SHARED = re.compile(r"shared sites (?P<sites>[A-Z0-9_, ]+)$")
+
+
+def site_list(key: str, folder: Path | None = None) -> list[str]:
+    """Return a comparison's sites, from its ``meta.json`` (else split from the key)."""
+    meta = (folder or PUBLISHED_DIR) / key / "meta.json"
+    try:
+        found = _SHARED.search(str(json.loads(meta.read_text(encoding="utf-8"))["data"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        found = None
+    if found:
+        return [s.strip() for s in found["sites"].split(",")]
+    return describe_key(key)[0].split("_")
+
+
+def _sites(key: str, folder: Path | None = None) -> str:
+    sites = site_list(key, folder)
+    return f"all {len(sites)} shared sites" if len(sites) >= 14 else ", ".join(sites)
+
+
+def ordered(keys: Sequence[str], folder: Path | None = None) -> list[str]:
+    """Return keys by federation (fewest sites first, PITT's group first), then features."""
+    def order(key: str) -> tuple[int, int, str, int]:
+        sites, variant = site_list(key, folder), describe_key(key)[1]
+        rank = _VARIANTS.index(variant) if variant in _VARIANTS else len(_VARIANTS)
+        return len(sites), 0 if sites[0] == "PITT" else 1, ",".join(sites), rank
+    return sorted(keys, key=order)
+
+
+def render_summary(rows: Sequence[Mapping[str, object]]) -> str:
+    """Return the markdown headline table of :func:`summary_rows`' rows."""
+    def stats(value: object, signed: bool) -> str:
+        if not isinstance(value, tuple):
+            return "n/a"
+        mean, low, high = value
+        return format_stats(mean, low, high, signed=signed)
+
+    header = ["sites", "features, model", "cells", "FedBN AUC", "FedBN bal. acc.",
+              *[f"FedBN - {o} AUC" for o in (*OTHERS, "majority", "motion-only")],
+              "target met"]
+    body = [[_sites(str(r["key"])), describe_key(str(r["key"]))[1], r["cells"],
+             stats(r["fedbn_auc"], False), stats(r["fedbn_balanced_accuracy"], False),
+             *[stats(r.get(f"minus_{o}"), True) for o in (*OTHERS, MAJORITY, MOTION)],
+             "**yes**" if r["target_met"] else "no"] for r in rows]
+    return markdown_table(header, body)
 
 
 def render(rows: Sequence[Mapping[str, object]]) -> str:
     """Return the markdown table of :func:`power_rows`' rows."""
-    header = ["federation (key)", "difference", "cells", "mean (pp)", "corrected 95 % CI",
+    header = ["federation", "difference", "cells", "mean (pp)", "corrected 95 % CI",
               "cell SD (pp)", *[f"half-width, {r} rep." for r in REPETITIONS],
               "floor (any rep.)", "repetitions to exclude 0 (projected)"]
     body = []
@@ -165,7 +260,8 @@ def render(rows: Sequence[Mapping[str, object]]) -> str:
         needed = r["repetitions_needed"]
         excluded = float(r["corrected_low"]) > 0  # type: ignore[arg-type]
         body.append([
-            _federation(str(r["key"])), r["difference"], r["cells"], _pp(r["mean"], True),
+            f"{_sites(str(r['key']))} ({describe_key(str(r['key']))[1]})", r["difference"],
+            r["cells"], _pp(r["mean"], True),
             f"[{_pp(r['corrected_low'], True)}, {_pp(r['corrected_high'], True)}]"
             + (" **excludes 0**" if excluded else ""),
             _pp(r["sd"]), *[_pp(r[f"half_width_{n}"]) for n in REPETITIONS],
@@ -188,19 +284,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also publish into benchmarks/published/ and the README block")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    keys = [k for k in args.keys.split(",") if k] if args.keys else comparison_keys()
+    keys = ordered([k for k in args.keys.split(",") if k] if args.keys else comparison_keys())
     if not keys:
         parser.error("no published comparison to read: give --keys, or publish one with "
                      "benchmarks/real_compare.py --publish")
     try:
+        summary = [summary_rows(key) for key in keys]
         rows = [row for key in keys for row in power_rows(key, args.metric)]
     except (FileNotFoundError, ValueError) as err:
         parser.error(str(err))
-    table = render(rows)
+    met = sum(bool(r["target_met"]) for r in summary)
+    table = (f"FedBN on every published shared-sites comparison: site-mean test score at "
+             f"the best-validation round, mean [corrected 95 % CI] over the cells; the "
+             f"target is met where both reference rows' AUC intervals are above 0 "
+             f"({met} of {len(summary)}).\n\n{render_summary(summary)}\n\n"
+             f"Could more repetitions meet it? FedBN minus each reference row, test "
+             f"{args.metric}:\n\n{render(rows)}")
     ratios = sorted({f"{float(r['ratio']):.3f}" for r in rows})  # type: ignore[arg-type]
-    notes = (f"FedBN minus each reference row, site-mean test {args.metric} at the "
-             f"best-validation round, from each published comparison's cells (no training). "
-             f"Corrected: Nadeau-Bengio, n_test/n_train = {', '.join(ratios)}, as in the "
+    notes = (f"Read from each published comparison's cells (no training). Corrected: "
+             f"Nadeau-Bengio, n_test/n_train = {', '.join(ratios)}, as in the "
              f"comparison tables. Half-widths are projected for 5-fold designs of more "
              f"repetitions from the cells' spread, which is assumed to stay; the floor is "
              f"the limit of the half-width as the repetitions grow. Keys: "
