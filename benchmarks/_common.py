@@ -242,6 +242,9 @@ class Benchmark:
         files : mapping of str to bytes, optional
             Further files, by name, written beside ``table.csv`` (and published with it).
         """
+        from _published import check_file_names
+
+        check_file_names(files or {})  # before anything is written
         self.out.mkdir(parents=True, exist_ok=True)
         for file, content in (files or {}).items():
             (self.out / file).write_bytes(content)

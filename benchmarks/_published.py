@@ -34,17 +34,18 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["PUBLISHED_DIR", "README", "blocks", "describe_data", "publish", "publish_key",
-           "render_block", "rewrite_readme"]
+__all__ = ["PUBLISHED_DIR", "README", "blocks", "check_file_names", "describe_data", "publish",
+           "publish_key", "render_block", "rewrite_readme"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_DIR = ROOT / "benchmarks" / "published"
 README = ROOT / "README.md"
 _KEY = re.compile(r"^[a-z][a-z0-9_]*(-[A-Za-z0-9_,+-]+)?$")
-_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # matched whole (fullmatch)
+_OWN = ("report.md", "table.csv", "meta.json")
 _BLOCK = re.compile(r"<!-- results:(?P<key>[^ ]+) -->\n(?P<body>.*?)<!-- /results:(?P=key) -->",
                     re.DOTALL)
 
@@ -187,12 +188,12 @@ def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
     if not _KEY.match(key):
         raise ValueError(f"results key {key!r} must look like 'name' or 'name-real-SITES'")
     extra = dict(files or {})
-    for file in extra:  # checked before anything is written
-        if file in ("report.md", "table.csv", "meta.json") or not _FILE.match(file):
-            raise ValueError(f"published file name {file!r}: expected a plain file name "
-                             f"other than report.md, table.csv and meta.json")
+    check_file_names(extra)  # before anything is written
     folder = PUBLISHED_DIR / key
     folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # a file of an earlier publication, not of this one
+        if old.is_file() and old.name not in (*_OWN, *extra):
+            old.unlink()
     (folder / "report.md").write_text(report.rstrip() + "\n", encoding="utf-8")
     (folder / "table.csv").write_text(csv_text, encoding="utf-8")
     for file, content in extra.items():
@@ -213,6 +214,18 @@ def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
         print(f"(README.md has no block <!-- results:{key} -->: add one where the table "
               f"belongs, then run python benchmarks/readme_tables.py --write)")
     return folder
+
+
+def check_file_names(files: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming a further published file's name that is not plain.
+
+    Plain: letters, digits, ``_``, ``.`` and ``-``, not starting with ``.`` or ``-``,
+    and none of the folder's own files (report.md, table.csv, meta.json).
+    """
+    for file in files:
+        if file in _OWN or not _FILE.fullmatch(file):
+            raise ValueError(f"published file name {file!r}: expected a plain file name "
+                             f"other than report.md, table.csv and meta.json")
 
 
 def load_meta(key: str) -> dict[str, object]:
@@ -276,6 +289,10 @@ def check_hashes(key: str) -> list[str]:
             problems.append(f"{path}: missing")
         elif _sha256(path) != hashes.get(file):
             problems.append(f"{path}: changed since its benchmark published it")
+    for path in sorted((PUBLISHED_DIR / key).iterdir()):
+        if path.is_file() and path.name not in (*_OWN, *hashes):
+            problems.append(f"{path}: not published by its benchmark (meta.json has no "
+                            f"hash for it)")
     return problems
 
 

@@ -175,7 +175,8 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     bench.out.mkdir(parents=True, exist_ok=True)
     (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
                                                encoding="utf-8")
-    # Every run's own predictions, compressed reproducibly (no time stamp in the header).
+    # Every run's own predictions, gzip without a time stamp in its header (the bytes
+    # still depend on zlib's version; meta.json's hash is what is checked).
     rows = comparison.cell_prediction_rows()
     files = ({"cell_predictions.csv.gz": gzip.compress(csv_text(rows).encode("utf-8"),
                                                        mtime=0)} if rows else {})

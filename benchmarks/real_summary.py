@@ -4,9 +4,11 @@ the reference rows: read from the published cells, no training.
 Every published comparison of real shared sites (``benchmarks/published/real_compare-
 real-*/table.csv``) gives one row of the first table: FedBN's site-mean test AUC and
 balanced accuracy, and FedBN minus FedAvg, SingleSet, the majority-class and the
-motion-only rows on AUC, each a mean [corrected 95 % CI] over the cells exactly as the
-comparison's own tables give it (Nadeau-Bengio), and whether the shared-sites target is
-met: FedBN above both reference rows with corrected intervals that exclude them.
+motion-only rows on AUC, each a mean [corrected 95 % CI] over the cells as the
+comparison's own tables give it (Nadeau-Bengio, from the CSV's six decimals and the
+report's n_test/n_train; only comparisons whose repetitions re-draw the splits), and
+whether the shared-sites target is met: FedBN above both reference rows with corrected
+intervals that exclude them.
 
 The second table asks whether more repetitions could meet it. For FedBN minus each
 reference row it gives the spread ``s`` of the cells' differences and the corrected
@@ -81,11 +83,20 @@ def read_cells(key: str, folder: Path | None = None
         raise ValueError(f"{table}: expected one row per strategy and cell with columns "
                          f"{', '.join(sorted(needed))}; this is not a comparison's table")
     cells: dict[str, dict[tuple[int, int], Mapping[str, str]]] = {}
-    for row in rows:
-        cells.setdefault(row["strategy"], {})[(int(row["fold"]), int(row["seed"]))] = row
+    for n, row in enumerate(rows, start=2):
+        try:
+            cell = (int(row["fold"]), int(row["seed"]))
+        except (TypeError, ValueError):
+            raise ValueError(f"{table}, row {n}: fold and seed must be whole numbers, got "
+                             f"{row['fold']!r} and {row['seed']!r}") from None
+        cells.setdefault(row["strategy"], {})[cell] = row
     folds = len({fold for by_cell in cells.values() for fold, _ in by_cell})
     report = (folder / key / "report.md").read_text(encoding="utf-8") \
         if (folder / key / "report.md").is_file() else ""
+    if report and "re-draws every site's split" not in report:
+        # repetitions sharing a test set: the tables' interval runs over fold means
+        raise ValueError(f"{folder / key / 'report.md'}: its repetitions share each fold's "
+                         f"split; only comparisons that re-draw the splits are read here")
     found = _RATIO.search(report)
     ratio = float(found["ratio"]) if found else 1.0 / max(folds - 1, 1)
     return cells, ratio, folds
@@ -101,15 +112,24 @@ def projected_half_width(s: float, ratio: float, cells: int, level: float = 0.95
                  * math.sqrt(1 / cells + ratio))
 
 
-def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int | None:
-    """Return the fewest repetitions whose projected half-width is below ``|mean|``.
+def floor(s: float, ratio: float, level: float = 0.95) -> float:
+    """Return the limit of the corrected half-width as the repetitions grow (t -> z)."""
+    from scipy import stats
 
-    None when no number up to :data:`MAX_REPETITIONS` reaches it (the floor is too high).
+    return float(stats.norm.ppf(0.5 + level / 2) * s * math.sqrt(ratio)) \
+        if math.isfinite(s) else math.nan
+
+
+def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int | None:
+    """Return the fewest repetitions whose projected half-width is below ``mean``.
+
+    Only a positive mean (FedBN ahead) can be shown this way; None for any other, and
+    when no number up to :data:`MAX_REPETITIONS` reaches it (the floor is too high).
     """
-    if not (math.isfinite(mean) and math.isfinite(s)) or mean == 0:
+    if not (math.isfinite(mean) and math.isfinite(s)) or mean <= 0:
         return None
     for reps in range(1, MAX_REPETITIONS + 1):
-        if projected_half_width(s, ratio, folds * reps) < abs(mean):
+        if projected_half_width(s, ratio, folds * reps) < mean:
             return reps
     return None
 
@@ -117,10 +137,16 @@ def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int |
 def _column(cells: Mapping[str, Mapping[tuple[int, int], Mapping[str, str]]], strategy: str,
             column: str, table: Path) -> dict[tuple[int, int], float]:
     """Return ``{(fold, seed): value}`` of one strategy's column (a clear error if absent)."""
-    try:
-        return {c: float(row[column]) for c, row in cells[strategy].items()}
-    except KeyError:
-        raise ValueError(f"{table}: no column '{column}'") from None
+    out = {}
+    for c, row in cells[strategy].items():
+        if column not in row:
+            raise ValueError(f"{table}: no column '{column}'")
+        try:
+            out[c] = float(row[column] or "nan")  # a blank cell: no score
+        except ValueError:
+            raise ValueError(f"{table}: {strategy}, fold {c[0]}, seed {c[1]}: '{column}' "
+                             f"must be a number, got {row[column]!r}") from None
+    return out
 
 
 def _difference(cells: Mapping[str, Mapping[tuple[int, int], Mapping[str, str]]], a: str,
@@ -180,7 +206,7 @@ def power_rows(key: str, metric: str = "auc", at: str = "best",
             "ratio": ratio}
         for reps in REPETITIONS:
             row[f"half_width_{reps}"] = projected_half_width(s, ratio, folds * reps)
-        row["floor"] = 1.96 * s * math.sqrt(ratio) if math.isfinite(s) else math.nan
+        row["floor"] = floor(s, ratio)
         row["repetitions_needed"] = repetitions_needed(mean, s, ratio, folds)
         out.append(row)
     return out
@@ -250,11 +276,21 @@ def render_summary(rows: Sequence[Mapping[str, object]]) -> str:
     return markdown_table(header, body)
 
 
+def _needed(needed: object, mean: float, floor_: float) -> str:
+    if needed is not None:
+        return str(needed)
+    if not mean > 0:
+        return "none (FedBN not ahead)"
+    if mean <= floor_:
+        return "none (mean below the floor)"
+    return f"more than {MAX_REPETITIONS}"
+
+
 def render(rows: Sequence[Mapping[str, object]]) -> str:
     """Return the markdown table of :func:`power_rows`' rows."""
     header = ["federation", "difference", "cells", "mean (pp)", "corrected 95 % CI",
               "cell SD (pp)", *[f"half-width, {r} rep." for r in REPETITIONS],
-              "floor (any rep.)", "repetitions to exclude 0 (projected)"]
+              "floor (any rep.)", "repetitions to show FedBN ahead (projected)"]
     body = []
     for r in rows:
         needed = r["repetitions_needed"]
@@ -265,8 +301,7 @@ def render(rows: Sequence[Mapping[str, object]]) -> str:
             f"[{_pp(r['corrected_low'], True)}, {_pp(r['corrected_high'], True)}]"
             + (" **excludes 0**" if excluded else ""),
             _pp(r["sd"]), *[_pp(r[f"half_width_{n}"]) for n in REPETITIONS],
-            _pp(r["floor"]),
-            "none (mean below the floor)" if needed is None else str(needed)])
+            _pp(r["floor"]), _needed(needed, float(r["mean"]), float(r["floor"]))])
     return markdown_table(header, body)
 
 
@@ -314,7 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from fedbn_med.evaluation.report import csv_text
 
-        data = "; ".join(f"{k}: {load_meta(k)['data']}" for k in keys)
+        try:
+            data = "; ".join(f"{k}: {load_meta(k)['data']}" for k in keys)
+        except (FileNotFoundError, ValueError) as err:
+            parser.error(str(err))
         folder = publish(f"{NAME}-real", name=NAME, argv=argv, report=f"{table}\n\n{notes}",
                          csv_text=csv_text(rows), data=data,
                          protocol="read from the published comparisons' cells",

@@ -61,6 +61,20 @@ def load(key: str, folder: Path | None = None) -> tuple[Comparison, str]:
     return comparison, report
 
 
+def published_table(report: str) -> str | None:
+    """Return the subject-level table of a comparison's ``report.md``, or None."""
+    _, found, rest = report.partition("\nSubject-level paired tests")
+    if not found:
+        return None
+    lines = rest.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the recomputed table; exit 1 if it differs from the published one."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
@@ -72,15 +86,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.n_boot < 1:
         parser.error(f"--n-boot must be at least 1, got {args.n_boot}")
+    from _published import check_hashes
+
     try:
         comparison, report = load(args.key)
+        damaged = check_hashes(args.key) if (PUBLISHED_DIR / args.key / "meta.json"
+                                             ).is_file() else []
     except (FileNotFoundError, ValueError) as err:
         parser.error(str(err))
+    if damaged:
+        parser.error("; ".join(damaged))
     table = comparison.subject_table(args.n_boot)
+    if not table:
+        parser.error(f"benchmarks/published/{args.key}/{FILE}: no pair of FedBN and another "
+                     f"method to test (its strategies: {', '.join(comparison.strategies)})")
     print(table)
-    if not report:
+    expected = published_table(report)
+    if expected is None:
+        print(f"\n(benchmarks/published/{args.key}/report.md has no subject-level table to "
+              f"compare with)", file=sys.stderr)
         return 0
-    same = table.strip() in report
+    same = table.strip() == expected.strip()
     print(f"\n{'Identical to' if same else 'DIFFERS from'} the subject-level table of "
           f"benchmarks/published/{args.key}/report.md"
           + ("" if args.n_boot == 2000 else f" (recomputed with --n-boot {args.n_boot})"),

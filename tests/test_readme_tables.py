@@ -89,8 +89,8 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
     assert meta["environment"]["numerics"] == describe()
     assert tables.problems(text) == []
 
-    # Every run's own predictions are published beside the table, hashed like it, and
-    # reproducible byte for byte (no time stamp in the gzip header).
+    # Every run's own predictions are published beside the table, hashed like it, with
+    # no time stamp in the gzip header.
     cells_path = published.PUBLISHED_DIR / KEY / "cell_predictions.csv.gz"
     assert meta["sha256"]["cell_predictions.csv.gz"] == published._sha256(cells_path)
     assert cells_path.read_bytes() == (tmp_path / "out" / "cell_predictions.csv.gz"
@@ -105,10 +105,21 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
     subject_tests = modules["subject_tests"]
     monkeypatch.setattr(subject_tests, "PUBLISHED_DIR", published.PUBLISHED_DIR)
     assert subject_tests.main(["--key", KEY]) == 0
-    with pytest.raises(ValueError, match="plain file name"):
-        published.publish(KEY, name="real_compare", argv=[], report="r", csv_text="a\n",
-                          data="d", protocol="p", wall_time_s=0.0,
-                          files={"../escape.txt": b"x"})
+    report_before = (published.PUBLISHED_DIR / KEY / "report.md").read_bytes()
+    for bad in ("../escape.txt", "name.gz\n", "meta.json"):
+        with pytest.raises(ValueError, match="plain file name"):
+            published.publish(KEY, name="real_compare", argv=[], report="r",
+                              csv_text="a\n", data="d", protocol="p", wall_time_s=0.0,
+                              files={bad: b"x"})
+    # refused before anything was written
+    assert (published.PUBLISHED_DIR / KEY / "report.md").read_bytes() == report_before
+    assert not (published.PUBLISHED_DIR / "escape.txt").exists()
+    # a file the benchmark did not publish is named
+    stray = published.PUBLISHED_DIR / KEY / "notes.txt"
+    stray.write_text("typed by hand")
+    assert any("notes.txt: not published by its benchmark" in p
+               for p in tables.problems(text))
+    stray.unlink()
 
     # A number typed into the README by hand.
     body = tables.blocks(text)[KEY]
@@ -143,3 +154,15 @@ def test_an_orphan_or_missing_published_folder_is_named(modules: dict[str, Modul
     (tmp_path / "published" / "lonely").mkdir(parents=True)
     assert any("benchmarks/published/lonely/ has no README block" in p
                for p in tables.problems(text))
+
+
+def test_republishing_removes_the_files_of_an_earlier_publication(
+        modules: dict[str, ModuleType]) -> None:
+    published = modules["published"]
+    common = {"name": "real_compare", "argv": [], "report": "r", "csv_text": "a\n",
+              "data": "d", "protocol": "p", "wall_time_s": 0.0}
+    folder = published.publish(KEY, files={"cell_predictions.csv.gz": b"x"}, **common)
+    assert (folder / "cell_predictions.csv.gz").read_bytes() == b"x"
+    published.publish(KEY, files={}, **common)  # e.g. a run that kept no predictions
+    assert not (folder / "cell_predictions.csv.gz").exists()
+    assert published.check_hashes(KEY) == []

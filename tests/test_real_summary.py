@@ -40,8 +40,9 @@ def _write(folder: Path, auc: dict[str, list[float]], ratio: str = "0.250",
                 writer.writerow({"strategy": strategy, "fold": k % folds,
                                  "seed": k // folds, "auc_best_mean": v,
                                  "balanced_accuracy_best_mean": v - 0.01})
-    (key / "report.md").write_text(f"... corrected (Nadeau-Bengio, n_test/n_train = "
-                                   f"{ratio}) ...\n", encoding="utf-8")
+    (key / "report.md").write_text(f"... (each repetition re-draws every site's split) ... "
+                                   f"corrected (Nadeau-Bengio, n_test/n_train = {ratio}) ...\n",
+                                   encoding="utf-8")
     return folder
 
 
@@ -64,7 +65,7 @@ def test_the_figures_are_the_comparison_tables_and_the_projection_is_consistent(
     # more repetitions narrow it, never below the floor
     assert majority["half_width_50"] < majority["half_width_10"] < majority["half_width_3"]
     assert majority["floor"] < majority["half_width_50"]
-    assert majority["floor"] == pytest.approx(1.96 * np.std(diffs, ddof=1) * 0.5)
+    assert majority["floor"] == pytest.approx(1.959964 * np.std(diffs, ddof=1) * 0.5)
     # a mean above the floor: some design excludes 0, and the fewest repetitions do
     needed = majority["repetitions_needed"]
     assert needed is not None
@@ -116,6 +117,35 @@ def test_the_target_is_met_only_above_both_reference_rows(power: ModuleType,
     assert summary["target_met"] is True
     assert summary["minus_FedAvg"][0] == pytest.approx(np.mean(fedbn) - 0.6)
     assert power.render_summary([summary]).splitlines()[-1].endswith("| **yes** |")
+
+
+def test_fedbn_behind_is_never_projected_ahead(power: ModuleType) -> None:
+    assert power.repetitions_needed(-0.10, 0.01, 0.25, 5) is None
+    assert power.repetitions_needed(0.10, 0.01, 0.25, 5) == 1
+    assert power._needed(None, -0.10, 0.02) == "none (FedBN not ahead)"
+    assert power._needed(None, 0.01, 0.02) == "none (mean below the floor)"
+    # the floor is the limit of the projection: never above it, and close far out
+    s = 0.1
+    assert power.floor(s, 0.25) < power.projected_half_width(s, 0.25, 5 * 1000)
+    assert power.projected_half_width(s, 0.25, 5 * 1000) == pytest.approx(
+        power.floor(s, 0.25), rel=1e-2)
+
+
+def test_shared_splits_and_bad_numbers_are_named(power: ModuleType, tmp_path: Path) -> None:
+    folder = _write(tmp_path, {"FedBN": [0.6] * 5, MAJORITY: [0.5] * 5})
+    report = folder / KEY / "report.md"
+    report.write_text(report.read_text().replace("re-draws every site's split",
+                                                 "the repetitions share each fold's split"))
+    with pytest.raises(ValueError, match="report.md: its repetitions share each fold's split"):
+        power.power_rows(KEY, folder=folder)
+    (folder / KEY / "report.md").unlink()
+    table = folder / KEY / "table.csv"
+    table.write_text(table.read_text().replace("FedBN,0,0,0.6", "FedBN,zero,0,0.6", 1))
+    with pytest.raises(ValueError, match=r"table.csv, row 2: fold and seed must be whole"):
+        power.power_rows(KEY, folder=folder)
+    table.write_text(table.read_text().replace("FedBN,zero,0,0.6", "FedBN,0,0,high", 1))
+    with pytest.raises(ValueError, match=r"FedBN, fold 0, seed 0: 'auc_best_mean' must be"):
+        power.power_rows(KEY, folder=folder)
 
 
 @pytest.mark.parametrize(("content", "message"), [

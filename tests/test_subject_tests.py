@@ -60,14 +60,33 @@ def test_the_rows_rebuild_every_subject_level_figure() -> None:
     assert rebuilt.subject_table(200) == original.subject_table(200)
 
 
+def test_sites_that_are_not_the_rows_are_named() -> None:
+    with pytest.raises(ValueError, match="its predictions are of sites PITT, YALE, the "
+                                         "comparison's are PITT, KKI"):
+        comparison_from_predictions(_rows(_comparison()), ("PITT", "KKI"), source="f")
+
+
+def test_a_csv_reader_gives_the_files_own_line() -> None:
+    text = csv_text(cell_prediction_rows(_comparison()))
+    lines = text.splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",x"  # the third record, after a blank line
+    broken = "\n".join([*lines[:2], "", *lines[2:]]) + "\n"
+    with pytest.raises(ValueError, match="^f, row 5: expected strategy"):
+        comparison_from_predictions(csv.DictReader(io.StringIO(broken)), source="f")
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda rows: rows[1].pop("label"), r"row 3: expected strategy, fold, seed"),
     (lambda rows: rows[1].update(fold="x"), r"row 3: expected strategy"),
     (lambda rows: rows[1].update(label="2"),
      r"row 3: label must be 0 or 1 and prob_asd in \[0, 1\]"),
     (lambda rows: rows[1].update(prob_asd="nan"), r"row 3: label must be 0 or 1"),
-    (lambda rows: rows[1].update(subject=rows[0]["subject"]),
+    (lambda rows: rows[1].update(subject=rows[0]["subject"], label=rows[0]["label"]),
      r"row 3: subject \d+ of site PITT is listed twice for FedBN, fold 0, seed 0"),
+    (lambda rows: next(r for r in rows[1:] if r["subject"] == rows[0]["subject"]
+                       and r["site"] == rows[0]["site"]).update(label="1" if rows[0]["label"]
+                                                                == "0" else "0"),
+     r"row \d+: subject \d+ of site PITT has label \d here and \d in another run"),
 ])
 def test_a_bad_row_is_named(edit: Callable[[list[dict[str, str]]], object],
                             message: str) -> None:
@@ -93,13 +112,30 @@ def test_the_tool_says_whether_the_published_table_is_reproduced(
         gzip.compress(csv_text(cell_prediction_rows(comparison)).encode(), mtime=0))
     table = comparison.subject_table(2000)
     report = tmp_path / KEY / "report.md"
-    report.write_text(f"| method | PITT | YALE | mean |\n\n{table}\n", encoding="utf-8")
+    report.write_text(f"| method | PITT | YALE | mean |\n\nSubject-level paired tests on the "
+                      f"out-of-fold predictions (...):\n\n{table}\n", encoding="utf-8")
     assert tool.main(["--key", KEY]) == 0
     assert "Identical to the subject-level table" in capsys.readouterr().err
-    report.write_text(f"| method | PITT | YALE | mean |\n\n{table.replace('|', '| ', 1)}\n",
-                      encoding="utf-8")
+    report.write_text(f"| method | PITT | YALE | mean |\n\nSubject-level paired tests (...):"
+                      f"\n\n{table.replace('|', '| ', 1)}\n", encoding="utf-8")
     assert tool.main(["--key", KEY]) == 1
     assert "DIFFERS from" in capsys.readouterr().err
+    # a table that is only the start of the published one does not pass for it
+    third = Comparison(sites=comparison.sites, n_folds=2, cells=list(comparison.cells))
+    third.cells += [Cell("SingleSet", c.fold, c.seed, 1, 2, {}, c.predictions)
+                    for c in comparison.cells if c.strategy == "FedAvg"]
+    report.write_text(f"| method | PITT | YALE | mean |\n\nSubject-level paired tests "
+                      f"(...):\n\n{third.subject_table(2000)}\n\nBest-validation rounds\n",
+                      encoding="utf-8")
+    assert tool.published_table(report.read_text()) == third.subject_table(2000)
+    assert tool.main(["--key", KEY]) == 1
+    assert "DIFFERS from" in capsys.readouterr().err
+    # predictions with nothing to pair are an error, not a match
+    (tmp_path / KEY / tool.FILE).write_bytes(gzip.compress(csv_text(
+        [r for r in cell_prediction_rows(comparison) if r["strategy"] == "FedAvg"]).encode()))
+    with pytest.raises(SystemExit):
+        tool.main(["--key", KEY])
+    assert "no pair of FedBN and another method to test" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("content", "message"), [

@@ -228,15 +228,18 @@ def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
     Raises
     ------
     ValueError
-        Naming ``source`` and the row, for a missing field, a number that does not parse,
-        a label other than 0/1, a probability outside [0, 1] or a subject listed twice in
-        one cell.
+        Naming ``source`` and the row (a csv reader's own line), for a missing field, a
+        number that does not parse, a label other than 0/1 or that differs between runs, a
+        probability outside [0, 1] or a subject listed twice in one cell; and when
+        ``sites`` are not the rows' sites.
     """
     from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
 
     per_cell: dict[tuple[str, int, int], dict[str, dict[int, tuple[int, float]]]] = {}
     order: list[str] = []
-    for n, row in enumerate(rows, start=2):  # line 1 of the file is its header
+    truth: dict[tuple[str, int], int] = {}
+    for count, row in enumerate(rows, start=2):  # line 1 of a file is its header
+        n = getattr(rows, "line_num", count)  # a csv reader knows the file's own line
         try:
             key = (str(row["strategy"]), int(str(row["fold"])), int(str(row["seed"])))
             site, subject = str(row["site"]), int(str(row["subject"]))
@@ -251,9 +254,15 @@ def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
         if subject in cell:
             raise ValueError(f"{source}, row {n}: subject {subject} of site {site} is "
                              f"listed twice for {key[0]}, fold {key[1]}, seed {key[2]}")
+        if truth.setdefault((site, subject), label) != label:
+            raise ValueError(f"{source}, row {n}: subject {subject} of site {site} has label "
+                             f"{label} here and {truth[(site, subject)]} in another run")
         cell[subject] = (label, prob)
         if site not in order:
             order.append(site)
+    if sites is not None and set(sites) != set(order):
+        raise ValueError(f"{source}: its predictions are of sites {', '.join(order)}, the "
+                         f"comparison's are {', '.join(sites)}")
     comparison = Comparison(sites=tuple(sites or order), n_folds=n_folds)
     for (strategy, fold, seed), by_site in per_cell.items():
         preds = {}
