@@ -52,6 +52,8 @@ FEDBN = "FedBN"
 #: the methods FedBN is set against in the headline table, beside the reference rows
 OTHERS = ("FedAvg", "SingleSet")
 REPETITIONS = (3, 10, 50)
+METRIC_NAMES = {"auc": "AUC", "balanced_accuracy": "balanced accuracy",
+                "accuracy": "accuracy"}
 MAX_REPETITIONS = 1000
 _RATIO = re.compile(r"n_test/n_train = (?P<ratio>[0-9.]+)")
 
@@ -334,9 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"target is met where both reference rows' AUC intervals are above 0 "
              f"({met} of {len(summary)}).\n\n{render_summary(summary)}\n\n"
              f"Could more repetitions meet it? FedBN minus each reference row, test "
-             f"{args.metric}:\n\n{render(rows)}")
+             f"{METRIC_NAMES[args.metric]}:\n\n{render(rows)}")
     ratios = sorted({f"{float(r['ratio']):.3f}" for r in rows})  # type: ignore[arg-type]
-    notes = (f"Read from each published comparison's cells (no training). Corrected: "
+    notes = (f"Read from the published comparisons' cells (no training). Corrected: "
              f"Nadeau-Bengio, n_test/n_train = {', '.join(ratios)}, as in the "
              f"comparison tables. Half-widths are projected for 5-fold designs of more "
              f"repetitions from the cells' spread, which is assumed to stay; the floor is "
@@ -350,9 +352,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fedbn_med.evaluation.report import csv_text
 
         try:
-            data = "; ".join(f"{k}: {load_meta(k)['data']}" for k in keys)
+            described = {str(load_meta(k)["data"]).split(", shared sites")[0] for k in keys}
         except (FileNotFoundError, ValueError) as err:
             parser.error(str(err))
+        data = (f"{'; '.join(sorted(described))}, shared sites: the {len(keys)} published "
+                f"comparisons in the table")
         folder = publish(f"{NAME}-real", name=NAME, argv=argv, report=f"{table}\n\n{notes}",
                          csv_text=csv_text(rows), data=data,
                          protocol="read from the published comparisons' cells",
