@@ -342,8 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"Nadeau-Bengio, n_test/n_train = {', '.join(ratios)}, as in the "
              f"comparison tables. Half-widths are projected for 5-fold designs of more "
              f"repetitions from the cells' spread, which is assumed to stay; the floor is "
-             f"the limit of the half-width as the repetitions grow. Keys: "
-             f"{', '.join(keys)}.")
+             f"the limit of the half-width as the repetitions grow.")
     print(table)
     print(f"\n{notes}")
     if args.publish:
