@@ -184,3 +184,38 @@ def test_sites_come_from_the_meta_and_federations_are_ordered(power: ModuleType,
         "real_compare-real-MAX_MUN_LEUVEN_2-tangent", "real_compare-real-PITT_YALE_KKI"]
     assert power.describe_key("real_compare-real-PITT_YALE-tangent-linear-wd100") == (
         "PITT_YALE", "tangent, linear wd 100")
+
+
+def test_the_summary_is_the_comparisons_own_interval(power: ModuleType, tmp_path: Path
+                                                     ) -> None:
+    """A comparison's own table.csv and report.md in, its own corrected figures out."""
+    from fedbn_med.evaluation.comparison import Cell, Comparison
+    from fedbn_med.evaluation.report import csv_text
+
+    rng = np.random.default_rng(7)
+    comparison = Comparison(sites=("PITT", "YALE"), n_folds=5)
+    for strategy, level in (("FedBN", 0.66), ("FedAvg", 0.60), ("SingleSet", 0.57),
+                            (MAJORITY, 0.5), (MOTION, 0.55)):
+        for seed in range(3):
+            for fold in range(5):
+                scores = {at: {m: {s: float(level + 0.08 * rng.standard_normal())
+                                   for s in ("PITT", "YALE")}
+                               for m in ("balanced_accuracy", "auc", "accuracy")}
+                          for at in ("best", "last")}
+                for by_metric in scores.values():
+                    for by_site in by_metric.values():
+                        by_site["mean"] = float(np.mean(list(by_site.values())))
+                comparison.add(Cell(strategy, fold, seed, 10, 20, scores, n_train=101,
+                                    n_test=25, reference=strategy in (MAJORITY, MOTION)))
+    key = tmp_path / KEY
+    key.mkdir()
+    (key / "table.csv").write_text(csv_text(comparison.rows()), encoding="utf-8")
+    (key / "report.md").write_text(comparison.report(), encoding="utf-8")
+    summary = power.summary_rows(KEY, folder=tmp_path)
+    for other in ("FedAvg", "SingleSet", MAJORITY, MOTION):
+        mean, low, high, _ = comparison.difference("FedBN", other, "best", "auc",
+                                                   corrected=True)
+        # the CSV's six decimals and the report's three-decimal ratio (25/101 = 0.2475)
+        assert summary[f"minus_{other}"] == pytest.approx((mean, low, high), abs=5e-4)
+    mean, low, high = comparison.corrected(comparison.values("FedBN", "best", "auc"))
+    assert summary["fedbn_auc"] == pytest.approx((mean, low, high), abs=5e-4)
