@@ -132,7 +132,8 @@ def test_the_tool_says_whether_the_published_table_is_reproduced(
     assert "DIFFERS from" in capsys.readouterr().err
     # predictions with nothing to pair are an error, not a match
     (tmp_path / KEY / tool.FILE).write_bytes(gzip.compress(csv_text(
-        [r for r in cell_prediction_rows(comparison) if r["strategy"] == "FedAvg"]).encode()))
+        [r for r in cell_prediction_rows(comparison) if r["strategy"] == "FedAvg"]).encode(),
+        mtime=0))
     with pytest.raises(SystemExit):
         tool.main(["--key", KEY])
     assert "no pair of FedBN and another method to test" in capsys.readouterr().err
@@ -141,8 +142,9 @@ def test_the_tool_says_whether_the_published_table_is_reproduced(
 @pytest.mark.parametrize(("content", "message"), [
     (None, "no per-run predictions for 'real_compare-real-PITT_YALE'"),
     (b"not gzip at all", "not a readable gzip CSV"),
-    (gzip.compress(b"strategy,fold,seed,site,subject,label,prob_asd\n"), "holds no predictions"),
-])
+    (gzip.compress(b"strategy,fold,seed,site,subject,label,prob_asd\n", mtime=0),
+     "holds no predictions"),
+], ids=["missing", "not-gzip", "empty"])  # ids fixed: xdist's workers must collect alike
 def test_a_missing_or_damaged_file_is_named(tool: ModuleType, tmp_path: Path,
                                             content: bytes | None, message: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
