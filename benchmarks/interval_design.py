@@ -41,7 +41,11 @@ from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, stra
 from _plots import bar_plot
 
 from fedbn_med.evaluation.comparison import Comparison
-from fedbn_med.evaluation.intervals import naive_t_interval
+from fedbn_med.evaluation.intervals import (
+    corrected_half_width,
+    corrected_half_width_floor,
+    naive_t_interval,
+)
 from fedbn_med.evaluation.pairing import paired_differences
 from fedbn_med.evaluation.runner import run_comparison
 from fedbn_med.evaluation.tables import format_stats
@@ -97,13 +101,7 @@ def design_rows(comparison: Comparison, design: str, metric: str, a: str, b: str
 def projected_half_width(s: float, ratio: float, folds: int, repetitions: int,
                          factor: float, level: float = 0.95) -> float:
     """Return the corrected half-width of ``folds x repetitions`` cells, subjects x ``factor``."""
-    from scipy import stats
-
-    cells = folds * repetitions
-    if cells < 2:
-        return math.nan
-    return float(stats.t.ppf(0.5 + level / 2, cells - 1) * s / math.sqrt(factor)
-                 * math.sqrt(1 / cells + ratio))
+    return corrected_half_width(s / math.sqrt(factor), ratio, folds * repetitions, level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -165,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     reached.append((metric, factor, r, hw))
                     mark = " **"
                 cells.append(f"{100 * hw:.1f}{mark}" if math.isfinite(hw) else "n/a")
-            floor = 1.96 * s / math.sqrt(factor) * math.sqrt(ratio)  # t -> z as J grows
+            floor = corrected_half_width_floor(s / math.sqrt(factor), ratio)
             proj_body.append([f"x{factor}", metric, *cells, f"{100 * floor:.1f}"])
         rows.append({"design": "pilot spread", "metric": metric, "cells": len(diffs),
                      "mean": float(np.mean(diffs)) if diffs else math.nan,

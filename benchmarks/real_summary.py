@@ -44,7 +44,11 @@ from _common import markdown_table
 from _published import PUBLISHED_DIR, load_meta
 
 from fedbn_med.evaluation.comparison import MAJORITY, MOTION
-from fedbn_med.evaluation.intervals import corrected_t_interval
+from fedbn_med.evaluation.intervals import (
+    corrected_half_width,
+    corrected_half_width_floor,
+    corrected_t_interval,
+)
 from fedbn_med.evaluation.tables import format_stats
 
 NAME = "real_summary"
@@ -104,24 +108,6 @@ def read_cells(key: str, folder: Path | None = None
     return cells, ratio, folds
 
 
-def projected_half_width(s: float, ratio: float, cells: int, level: float = 0.95) -> float:
-    """Return the corrected half-width over ``cells`` cells of spread ``s``."""
-    from scipy import stats
-
-    if cells < 2 or not math.isfinite(s):
-        return math.nan
-    return float(stats.t.ppf(0.5 + level / 2, cells - 1) * s
-                 * math.sqrt(1 / cells + ratio))
-
-
-def floor(s: float, ratio: float, level: float = 0.95) -> float:
-    """Return the limit of the corrected half-width as the repetitions grow (t -> z)."""
-    from scipy import stats
-
-    return float(stats.norm.ppf(0.5 + level / 2) * s * math.sqrt(ratio)) \
-        if math.isfinite(s) else math.nan
-
-
 def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int | None:
     """Return the fewest repetitions whose projected half-width is below ``mean``.
 
@@ -131,7 +117,7 @@ def repetitions_needed(mean: float, s: float, ratio: float, folds: int) -> int |
     if not (math.isfinite(mean) and math.isfinite(s)) or mean <= 0:
         return None
     for reps in range(1, MAX_REPETITIONS + 1):
-        if projected_half_width(s, ratio, folds * reps) < mean:
+        if corrected_half_width(s, ratio, folds * reps) < mean:
             return reps
     return None
 
@@ -207,8 +193,8 @@ def power_rows(key: str, metric: str = "auc", at: str = "best",
             "mean": mean, "corrected_low": low, "corrected_high": high, "sd": s,
             "ratio": ratio}
         for reps in REPETITIONS:
-            row[f"half_width_{reps}"] = projected_half_width(s, ratio, folds * reps)
-        row["floor"] = floor(s, ratio)
+            row[f"half_width_{reps}"] = corrected_half_width(s, ratio, folds * reps)
+        row["floor"] = corrected_half_width_floor(s, ratio)
         row["repetitions_needed"] = repetitions_needed(mean, s, ratio, folds)
         out.append(row)
     return out

@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 
 from fedbn_med.evaluation.comparison import MAJORITY, MOTION
-from fedbn_med.evaluation.intervals import corrected_t_interval
+from fedbn_med.evaluation.intervals import (
+    corrected_half_width,
+    corrected_half_width_floor,
+    corrected_t_interval,
+)
 
 KEY = "real_compare-real-PITT_YALE"
 
@@ -70,8 +74,8 @@ def test_the_figures_are_the_comparison_tables_and_the_projection_is_consistent(
     needed = majority["repetitions_needed"]
     assert needed is not None
     s = float(majority["sd"])
-    assert power.projected_half_width(s, 0.25, 5 * needed) < abs(mean)
-    assert needed == 1 or power.projected_half_width(s, 0.25, 5 * (needed - 1)) >= abs(mean)
+    assert corrected_half_width(s, 0.25, 5 * needed) < abs(mean)
+    assert needed == 1 or corrected_half_width(s, 0.25, 5 * (needed - 1)) >= abs(mean)
     # a mean below the floor: no number of repetitions
     assert motion_row["floor"] > abs(float(motion_row["mean"]))
     assert motion_row["repetitions_needed"] is None
@@ -98,7 +102,7 @@ def test_the_ratio_comes_from_the_report_and_main_prints_the_table(
                     ratio="0.333")
     (row,) = power.power_rows(KEY, folder=folder)
     assert row["ratio"] == pytest.approx(0.333)
-    assert math.isnan(power.projected_half_width(0.1, 0.25, 1))
+    assert math.isnan(corrected_half_width(0.1, 0.25, 1))
     monkeypatch.setattr(power, "PUBLISHED_DIR", folder)
     assert power.comparison_keys() == [KEY]
     assert power.main([]) == 0
@@ -126,9 +130,9 @@ def test_fedbn_behind_is_never_projected_ahead(power: ModuleType) -> None:
     assert power._needed(None, 0.01, 0.02) == "none (mean below the floor)"
     # the floor is the limit of the projection: never above it, and close far out
     s = 0.1
-    assert power.floor(s, 0.25) < power.projected_half_width(s, 0.25, 5 * 1000)
-    assert power.projected_half_width(s, 0.25, 5 * 1000) == pytest.approx(
-        power.floor(s, 0.25), rel=1e-2)
+    assert corrected_half_width_floor(s, 0.25) < corrected_half_width(s, 0.25, 5 * 1000)
+    assert corrected_half_width(s, 0.25, 5 * 1000) == pytest.approx(
+        corrected_half_width_floor(s, 0.25), rel=1e-2)
 
 
 def test_shared_splits_and_bad_numbers_are_named(power: ModuleType, tmp_path: Path) -> None:

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
+from fedbn_med.evaluation.intervals import (
+    corrected_half_width,
+    corrected_half_width_floor,
+    corrected_t_interval,
+    naive_t_interval,
+)
 from fedbn_med.evaluation.metrics import roc_auc
 from fedbn_med.evaluation.paired_tests import (
     balanced_accuracy,
@@ -186,3 +191,14 @@ def test_a_t_interval_is_shown_within_what_the_figure_can_be() -> None:
     assert format_stats(10.0, -3.0, 23.0, scale=1.0) == "10.0 [-3.0, 23.0]"
     assert format_stats(10.0, -3.0, 23.0, scale=1.0, bounds=(0.0, math.inf)) == \
         "10.0 [0.0, 23.0]"
+
+
+def test_the_design_half_width_is_the_intervals_and_its_floor_is_its_limit() -> None:
+    values = [0.61, 0.55, 0.70, 0.58, 0.66, 0.52, 0.63]
+    _, low, high = corrected_t_interval(values, 0.25)
+    sd = float(np.std(values, ddof=1))
+    assert corrected_half_width(sd, 0.25, len(values)) == pytest.approx((high - low) / 2)
+    floor = corrected_half_width_floor(sd, 0.25)
+    assert floor < corrected_half_width(sd, 0.25, 10_000) < floor * 1.001
+    assert math.isnan(corrected_half_width(sd, 0.25, 1))
+    assert math.isnan(corrected_half_width_floor(math.nan, 0.25))

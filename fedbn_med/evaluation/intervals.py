@@ -6,6 +6,9 @@
   t-interval over cells (:func:`naive_t_interval`) treats them as independent and is too
   narrow. The correction inflates the variance of the mean from ``s^2 / J`` to
   ``(1 / J + n_test / n_train) s^2``.
+- :func:`corrected_half_width` and :func:`corrected_half_width_floor`: that interval's
+  half-width for a design of ``J`` cells whose scores spread by ``s``, and its limit as
+  ``J`` grows (``z s sqrt(n_test / n_train)``), for planning a design.
 - :func:`wilson_interval`: the Wilson score interval of one proportion (a site's test
   accuracy over its ``n`` subjects).
 
@@ -20,7 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["check_level", "corrected_t_interval", "naive_t_interval", "wilson_interval"]
+__all__ = ["check_level", "corrected_half_width", "corrected_half_width_floor",
+           "corrected_t_interval", "naive_t_interval", "wilson_interval"]
 
 
 def _finite(values: Sequence[float]) -> np.ndarray:
@@ -44,6 +48,37 @@ def check_level(level: float) -> None:
     """Raise ``ValueError`` unless an interval's coverage ``level`` is in (0, 1)."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must be in (0, 1), such as 0.95, got {level!r}.")
+
+
+def corrected_half_width(sd: float, test_train_ratio: float, cells: int,
+                         level: float = 0.95) -> float:
+    """Return ``t_{J-1} sd sqrt(1 / J + n_test / n_train)``: the corrected half-width.
+
+    The half-width :func:`corrected_t_interval` gives ``cells`` (J) scores of standard
+    deviation ``sd``; NaN with fewer than two cells or a non-finite ``sd``.
+    """
+    from scipy import stats
+
+    check_level(level)
+    if cells < 2 or not math.isfinite(sd):
+        return math.nan
+    return float(stats.t.ppf(0.5 + level / 2, cells - 1) * sd
+                 * math.sqrt(1 / cells + test_train_ratio))
+
+
+def corrected_half_width_floor(sd: float, test_train_ratio: float,
+                               level: float = 0.95) -> float:
+    """Return ``z sd sqrt(n_test / n_train)``: the corrected half-width as J grows.
+
+    No number of cells takes :func:`corrected_half_width` below it (NaN for a
+    non-finite ``sd``).
+    """
+    from scipy import stats
+
+    check_level(level)
+    if not math.isfinite(sd):
+        return math.nan
+    return float(stats.norm.ppf(0.5 + level / 2) * sd * math.sqrt(test_train_ratio))
 
 
 def naive_t_interval(values: Sequence[float], level: float = 0.95
