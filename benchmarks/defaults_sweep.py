@@ -102,6 +102,17 @@ def resolve_groups(bench: Benchmark, base: Any) -> dict[str, tuple[str, ...]]:
     return groups
 
 
+def sweep_variant(args: argparse.Namespace) -> str | None:
+    """Return the published variant: ``nested`` and, for groups other than
+    :data:`GROUPS`, their sites, so that a sweep on other federations is published
+    beside the main sweep's table, not over it (``None``: the main sweep itself)."""
+    parts = ["nested"] if args.nested else []
+    if args.data_dir is not None and args.groups is not None and tuple(
+            tuple(g) for g in args.groups) != GROUPS:
+        parts.append("_".join(site for group in args.groups for site in group))
+    return "-".join(parts) or None
+
+
 def _axes(text: str) -> tuple[str, ...]:
     names = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [n for n in names if n not in AXES]
@@ -280,8 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--inner-folds needs --nested")
     if args.nested and inner_folds < 2:
         parser.error(f"--inner-folds must be at least 2, got {inner_folds}")
-    if args.nested:
-        bench.set_variant("nested")
+    bench.set_variant(sweep_variant(args))
 
     grid = QUICK_AXES if args.quick and args.axes is None else {
         a: AXES[a] for a in (args.axes or AXES)}
@@ -358,6 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     design = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
               f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
               f"{args.data_dir or 'the built-in cohort'}. ")
+    over = ("the one group's, with the corrected resampled t" if len(sweep.groups) == 1 else
+            {2: "the mean over both groups"}.get(len(sweep.groups),
+                                                 f"the mean over the {len(sweep.groups)} groups")
+            + ", with the corrected resampled t")
+    combined = "" if len(sweep.groups) == 1 else " of each group combined as independent"
     rule = ("per group; a value replaces the default only when it is best in every group "
             "and beats the default in every group. ")
     if inner_folds:
@@ -369,16 +384,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "outer test subject is trained on, fitted on or scored. Criterion: the "
                  "inner-test AUC (mean over sites "
                  "and runs) " + rule + "The inner validation AUC is shown beside it; the "
-                 "interval columns are inner-test scores, the mean over both groups with the "
-                 "corrected resampled t (Nadeau-Bengio, n_test/n_train = "
-                 f"{sweep.test_train_ratio:.2f}) of each group combined as independent. ")
+                 f"interval columns are inner-test scores, {over} (Nadeau-Bengio, "
+                 f"n_test/n_train = {sweep.test_train_ratio:.2f}){combined}. ")
     else:
         notes = (design + "Each run is scored at its best-validation-loss round (the "
                  "stopping-rule row 'last round' at its last round). Criterion, fixed before "
                  f"the runs: {CRITERION} (validation AUC, mean over sites and cells) " + rule
-                 + "Test columns are for information only: the mean over both groups, with "
-                 "the corrected resampled t (Nadeau-Bengio, n_test/n_train = 0.25) of each "
-                 "group combined as independent. ")
+                 + f"Test columns are for information only: {over} (Nadeau-Bengio, "
+                 f"n_test/n_train = 0.25){combined}. ")
     notes += (f"Windows: 32 volumes every {WINDOW_STEP} (the published code: every volume). "
               f"Every other setting is the current default: {_describe(base)}.")
     for axis, (value, why) in chosen.items():

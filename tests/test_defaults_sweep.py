@@ -104,7 +104,8 @@ def test_axes_sharing_a_label_keep_their_own_rows_and_the_groups_are_published(
         cells = {(c["group"], c["config"]): c for c in csv.DictReader(handle)}
     assert rows[("dropout", "0")]["val_auc_A"] == cells[("A", "dropout=0.0")]["val_auc_best"]
     # the published data are the two groups run, not the task's default sites
-    meta = json.loads((tmp_path / "published" / "defaults_sweep-real" / "meta.json")
+    meta = json.loads((tmp_path / "published" / "defaults_sweep-real-PITT_YALE_KKI_TRINITY"
+                       / "meta.json")
                       .read_text(encoding="utf-8"))
     assert "group A PITT, YALE" in meta["data"] and "group B KKI, TRINITY" in meta["data"]
     assert "NYU" not in meta["data"]
@@ -220,7 +221,8 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
         for part in (data.train, data.val, data.test):
             x = part[0].numpy()
             assert not any(np.allclose(x[i], r) for i in range(len(x)) for r in outer_rows)
-    assert (tmp_path / "published" / "defaults_sweep-real-nested" / "meta.json").is_file()
+    published = tmp_path / "published" / "defaults_sweep-real-nested-PITT_YALE_KKI_TRINITY"
+    assert (published / "meta.json").is_file()
     with pytest.raises(SystemExit):
         sweep.main(["--quick", "--inner-folds", "3", "--data-dir", str(release), "--groups",
                     GROUPS, "--out", str(tmp_path / "x")])
@@ -273,3 +275,23 @@ def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
         cells = list(csv.DictReader(handle))
     # one group, the task's own four sites: 3 dropout values x 1 group x 1 fold
     assert {c["group"] for c in cells} == {"A"} and len(cells) == 3
+
+
+@pytest.mark.parametrize(("argv", "variant"), [
+    (["--data-dir", "D"], None),
+    (["--data-dir", "D", "--nested"], "nested"),
+    (["--data-dir", "D", "--groups", "PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU"],
+     None),
+    (["--data-dir", "D", "--nested", "--groups", "OLIN,SBL,OHSU"], "nested-OLIN_SBL_OHSU"),
+    (["--data-dir", "D", "--groups", "PITT,YALE/KKI,TRINITY"], "PITT_YALE_KKI_TRINITY"),
+    (["--groups", "PITT,YALE"], None),  # built-in cohort: groups are not real sites
+])
+def test_a_sweep_on_other_groups_is_published_beside_the_main_one(
+        sweep: ModuleType, argv: list[str], variant: str | None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data-dir")
+    parser.add_argument("--nested", action="store_true")
+    sweep.add_groups_option(parser)
+    assert sweep.sweep_variant(parser.parse_args(argv)) == variant
