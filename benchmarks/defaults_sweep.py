@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     design = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
               f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
               f"{args.data_dir or 'the built-in cohort'}. ")
-    over = ("the one group's, with the corrected resampled t" if len(sweep.groups) == 1 else
+    spread_over = ("the one group's, with the corrected resampled t" if len(sweep.groups) == 1 else
             {2: "the mean over both groups"}.get(len(sweep.groups),
                                                  f"the mean over the {len(sweep.groups)} groups")
             + ", with the corrected resampled t")
@@ -384,13 +384,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "outer test subject is trained on, fitted on or scored. Criterion: the "
                  "inner-test AUC (mean over sites "
                  "and runs) " + rule + "The inner validation AUC is shown beside it; the "
-                 f"interval columns are inner-test scores, {over} (Nadeau-Bengio, "
+                 f"interval columns are inner-test scores, {spread_over} (Nadeau-Bengio, "
                  f"n_test/n_train = {sweep.test_train_ratio:.2f}){combined}. ")
     else:
         notes = (design + "Each run is scored at its best-validation-loss round (the "
                  "stopping-rule row 'last round' at its last round). Criterion, fixed before "
                  f"the runs: {CRITERION} (validation AUC, mean over sites and cells) " + rule
-                 + f"Test columns are for information only: {over} (Nadeau-Bengio, "
+                 + f"Test columns are for information only: {spread_over} (Nadeau-Bengio, "
                  f"n_test/n_train = 0.25){combined}. ")
     notes += (f"Windows: 32 volumes every {WINDOW_STEP} (the published code: every volume). "
               f"Every other setting is the current default: {_describe(base)}.")
