@@ -160,11 +160,14 @@ def interval_caption(cells: int, unit: str = "(fold, seed) cells", *,
 
 
 def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
-                            sites: Sequence[str], *, title: str, notes: str) -> int:
+                            sites: Sequence[str], *, title: str, notes: str,
+                            extra: Callable[[Comparison], str] | None = None) -> int:
     """Run the comparison protocol on ``specs``; publish its table, predictions and plot.
 
     The plot shows each method's test balanced accuracy per site and on average at the
-    best-validation round, with the corrected 95 % interval. Returns the exit status 0.
+    best-validation round, with the corrected 95 % interval. ``extra`` adds a section
+    to the report from the comparison (e.g. ``paper_table``'s verdict against the
+    paper). Returns the exit status 0.
     """
     from fedbn_med.evaluation.report import csv_text
     from fedbn_med.evaluation.runner import run_comparison
@@ -172,6 +175,9 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     bench.runs += len(specs) * len(bench.cells)
     comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
     table = comparison.report()
+    section = extra(comparison) if extra is not None else ""
+    if section:
+        table += "\n\n" + section
     bench.out.mkdir(parents=True, exist_ok=True)
     (bench.out / "predictions.csv").write_text(csv_text(comparison.prediction_rows()),
                                                encoding="utf-8")

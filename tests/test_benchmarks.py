@@ -75,6 +75,11 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     assert "s wall time" in printed
     if name in CORRECTED:  # one cell: the one convention's words for no interval
         assert "1 run, no interval" in printed or "corrected 95 % CI" in printed
+    if name == "paper_table":  # the verdict the team reads on the held-out sites
+        report = (out / "table.md").read_text()
+        assert "| FedBN site-mean accuracy (%) |" in report and "| 68.7 |" in report
+        assert re.search(r"\| FedBN \(cell, site\) results predicting one class only \| "
+                         r"\d+ of 4 \|", report)
 
     client = MlflowClient(tracking_uri=store)
     exp = client.get_experiment_by_name(EXPERIMENT)
