@@ -92,7 +92,7 @@ def test_the_figures_are_the_comparison_tables_and_the_projection_is_consistent(
     assert "minus_FedAvg" not in summary
     line = power.render_summary([summary]).splitlines()[-1]
     assert line.startswith("| PITT, YALE | correlation, MLP | 15 |") and "| n/a |" in line
-    assert line.endswith("| no |")
+    assert line.endswith("| no | n/a | n/a | n/a |")  # no subject table in its report
 
 
 def test_the_ratio_comes_from_the_report_and_main_prints_the_table(
@@ -120,7 +120,8 @@ def test_the_target_is_met_only_above_both_reference_rows(power: ModuleType,
     summary = power.summary_rows(KEY, folder=folder)
     assert summary["target_met"] is True
     assert summary["minus_FedAvg"][0] == pytest.approx(np.mean(fedbn) - 0.6)
-    assert power.render_summary([summary]).splitlines()[-1].endswith("| **yes** |")
+    last = power.render_summary([summary]).splitlines()[-1]
+    assert last.endswith("| **yes** | n/a | n/a | n/a |")
 
 
 def test_fedbn_behind_is_never_projected_ahead(power: ModuleType) -> None:
@@ -223,3 +224,65 @@ def test_the_summary_is_the_comparisons_own_interval(power: ModuleType, tmp_path
         assert summary[f"minus_{other}"] == pytest.approx((mean, low, high), abs=5e-4)
     mean, low, high = comparison.corrected(comparison.values("FedBN", "best", "auc"))
     assert summary["fedbn_auc"] == pytest.approx((mean, low, high), abs=5e-4)
+
+
+def _comparison_with_predictions(seed: int = 3) -> object:
+    """Five folds x two repetitions of two sites, with every run's test predictions."""
+    from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
+
+    rng = np.random.default_rng(seed)
+    labels = {site: np.arange(20) % 2 for site in ("PITT", "YALE")}
+    comparison = Comparison(sites=("PITT", "YALE"), n_folds=5)
+    for strategy, signal in (("FedBN", 1.5), ("FedAvg", 1.0), (MAJORITY, 0.0), (MOTION, 0.3)):
+        for rep in range(2):
+            for fold in range(5):
+                preds = {}
+                for site, y in labels.items():
+                    test = np.flatnonzero((np.arange(20) + rep) % 5 == fold)
+                    prob = (np.full(test.size, 0.5) if strategy == MAJORITY else
+                            1 / (1 + np.exp(-(signal * (2 * y[test] - 1)
+                                              + rng.standard_normal(test.size)))))
+                    preds[site] = SitePredictions(test, y[test], prob)
+                scores = {at: {m: {"PITT": 0.6, "YALE": 0.6, "mean": 0.6}
+                               for m in ("balanced_accuracy", "auc", "accuracy")}
+                          for at in ("best", "last")}
+                comparison.add(Cell(strategy, fold, rep, 10, 20, scores, preds, n_train=32,
+                                    n_test=8, reference=strategy in (MAJORITY, MOTION)))
+    return comparison
+
+
+def test_the_bootstrap_columns_are_the_reports_subject_level_figures(
+        power: ModuleType, tmp_path: Path) -> None:
+    from fedbn_med.evaluation.report import csv_text
+
+    comparison = _comparison_with_predictions()
+    key = tmp_path / KEY
+    key.mkdir()
+    (key / "table.csv").write_text(csv_text(comparison.rows()), encoding="utf-8")
+    (key / "report.md").write_text(comparison.report(), encoding="utf-8")
+    boot = power.bootstrap_auc(KEY, tmp_path)
+    assert set(boot) == {MAJORITY, MOTION}
+    for ref in (MAJORITY, MOTION):
+        tests = comparison.subject_tests("FedBN", ref)
+        expected = [tests[f"bootstrap_auc_{k}"] for k in ("diff", "ci_low", "ci_high")]
+        assert boot[ref] == pytest.approx(expected, abs=5.1e-4)  # one decimal in pp
+    summary = power.summary_rows(KEY, folder=tmp_path)
+    assert summary["target_met_bootstrap"] is all(boot[r][1] > 0 for r in (MAJORITY, MOTION))
+    table = power.render_summary([summary])
+    assert "target met (subject bootstrap)" in table.splitlines()[0]
+
+
+def test_a_report_without_a_subject_table_says_n_a_and_a_bad_cell_is_named(
+        power: ModuleType, tmp_path: Path) -> None:
+    _write(tmp_path, {"FedBN": [0.7] * 5, MAJORITY: [0.5] * 5, MOTION: [0.55] * 5})
+    assert power.bootstrap_auc(KEY, tmp_path) == {}
+    summary = power.summary_rows(KEY, folder=tmp_path)
+    assert summary["target_met_bootstrap"] is None
+    assert power.render_summary([summary]).splitlines()[2].endswith("| n/a | n/a | n/a |")
+    report = tmp_path / KEY / "report.md"
+    report.write_text(report.read_text(encoding="utf-8")
+                      + "\n\n| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
+                      "|---|---|---|\n| FedBN - Majority class | 40 | +5.0 [oops] |\n",
+                      encoding="utf-8")
+    with pytest.raises(ValueError, match=r"report\.md: 'FedBN - Majority class': expected"):
+        power.bootstrap_auc(KEY, tmp_path)
