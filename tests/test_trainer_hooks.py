@@ -92,3 +92,41 @@ def test_onboarding_and_training_start_bn_statistics_alike():
         assert torch.equal(left, right), key
     with pytest.raises(ValueError, match="needs at least 2 examples"):
         estimate_bn_statistics(a, x[:1])
+
+
+def _one_site(strategy, batch_size: int, site: str = "A") -> SiteTrainer:
+    torch.manual_seed(0)
+    return SiteTrainer(site, AbideMLP(12), _site_data(0.0, 1.0, 0), strategy,
+                       batch_size=batch_size, seed=0, device="cpu")
+
+
+def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog):
+    import logging
+
+    # 36 training rows in one batch of 64, one local epoch: one step per round
+    site = "OneStepSite"  # told once per (site, mu) in a process: a name of this test's own
+    fedavg, fedprox = _one_site(FedAvg(), 64, site), _one_site(FedProx(mu=1.0), 64, site)
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
+        for rnd in (1, 2):
+            a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": rnd})
+            p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": rnd})
+            assert all(torch.equal(a[k], p[k]) for k in a)
+    told = [r.getMessage() for r in caplog.records if "proximal term" in r.getMessage()]
+    assert len(told) == 1 and f"Site {site} took 1 local step(s) in round 1" in told[0]
+    again = _one_site(FedProx(mu=1.0), 64, site)  # the same site in a later run: not again
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
+        again.fit(again.shared_weights(), {"round": 1})
+    assert len([r for r in caplog.records if "proximal term" in r.getMessage()]) == 1
+    # batches of 16: three steps, the term acts from the second on, and nobody is told
+    caplog.clear()
+    fedavg, fedprox = _one_site(FedAvg(), 16), _one_site(FedProx(mu=1.0), 16)
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
+        a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": 1})
+        p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": 1})
+    assert any(not torch.equal(a[k], p[k]) for k in a)
+    assert not [r for r in caplog.records if "proximal term" in r.getMessage()]
+    # two local epochs of one batch: two steps, the term acts on the second
+    fedavg, fedprox = _one_site(FedAvg(), 64), _one_site(FedProx(mu=1.0), 64)
+    a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": 1, "local_epochs": 2})
+    p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": 1, "local_epochs": 2})
+    assert any(not torch.equal(a[k], p[k]) for k in a)
