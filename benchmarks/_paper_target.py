@@ -17,30 +17,38 @@ from typing import Any
 
 import numpy as np
 
+from fedbn_med.evaluation.comparison import MAJORITY
+
 __all__ = ["PAPER_ACCURACY", "one_class_results", "target_section"]
 
 #: The paper's ABIDE site-mean accuracy (%) per method (FedBN, ICLR 2021, Table 4).
 PAPER_ACCURACY = {"FedBN": 68.7, "FedAvg": 67.8, "FedProx": 67.8, "SingleSet": 63.3}
 
 
-def one_class_results(comparison: Any, strategy: str) -> tuple[int, int]:
-    """Return (one-class results, results) of a strategy's recorded test predictions.
+def one_class_results(comparison: Any, strategy: str) -> tuple[int, int, int]:
+    """Return (one-class results, results without a valid prediction, results).
 
     A result is one (cell, site): the site's test subjects scored by that run at its
     best-validation round. It is one-class when every subject is predicted the same
-    class at P(ASD) >= 0.5. Cells without recorded predictions count in neither.
+    class at P(ASD) >= 0.5 (the main job's default threshold); a result with a
+    non-finite probability (a diverged model) counts as no valid prediction instead.
+    Cells without recorded predictions count in none.
     """
-    one = total = 0
+    one = invalid = total = 0
     for cell in comparison.cells:
         if cell.strategy != strategy:
             continue
         for pred in cell.predictions.values():
-            predicted = np.asarray(pred.prob) >= 0.5
-            if predicted.size == 0:
+            prob = np.asarray(pred.prob, dtype=float)
+            if prob.size == 0:
                 continue
             total += 1
+            if not np.isfinite(prob).all():
+                invalid += 1
+                continue
+            predicted = prob >= 0.5
             one += int(bool(predicted.all() or not predicted.any()))
-    return one, total
+    return one, invalid, total
 
 
 def _interval(mean: float, low: float, high: float) -> str:
@@ -75,15 +83,26 @@ def target_section(comparison: Any, fedbn: str = "FedBN") -> str:
     mean, low, high = comparison.corrected(comparison.values(fedbn, "best", "accuracy"))
     if math.isnan(mean):
         verdict = "no score"
+    elif math.isnan(low):
+        verdict = ("**reached**" if 100 * mean >= target else "**not reached**") + (
+            " (the mean of one cell; no interval)")
     elif 100 * mean >= target:
         verdict = ("**reached**, and the interval is above it" if 100 * low >= target
                    else "**reached** (the mean; the interval reaches below it)")
     else:
-        verdict = ("**not reached**" if math.isnan(high) or 100 * high < target
+        verdict = ("**not reached**, and the interval is below it" if 100 * high < target
                    else "**not reached** (the mean; the interval reaches above it)")
-    accuracy = ("n/a" if math.isnan(mean) else f"{100 * mean:.1f}" + (
-        "" if math.isnan(low) else f" [{100 * low:.1f}, {100 * high:.1f}]"))
+    # two decimals where one would print the target itself for a mean below it
+    digits = 2 if not math.isnan(mean) and abs(100 * mean - target) < 0.05 else 1
+    accuracy = ("n/a" if math.isnan(mean) else f"{100 * mean:.{digits}f}" + (
+        "" if math.isnan(low) else f" [{100 * low:.{digits}f}, {100 * high:.{digits}f}]"))
     rows = [f"| FedBN site-mean accuracy (%) | {accuracy} | {target:.1f} | {verdict} |"]
+    if MAJORITY in comparison.strategies:  # what predicting each site's prior scores
+        m, lo, hi = comparison.corrected(comparison.values(MAJORITY, "best", "accuracy"))
+        shown = "n/a" if math.isnan(m) else f"{100 * m:.1f}" + (
+            "" if math.isnan(lo) else f" [{100 * lo:.1f}, {100 * hi:.1f}]")
+        rows.append(f"| {MAJORITY} site-mean accuracy (%), for reference | {shown} | — | "
+                    "what predicting each site's majority class scores |")
     for other in ("FedAvg", "SingleSet"):
         if other not in comparison.strategies:
             continue
@@ -94,11 +113,14 @@ def target_section(comparison: Any, fedbn: str = "FedBN") -> str:
             rows.append(f"| {fedbn} - {other}, {name} (pp) | "
                         f"{_interval(d_mean, d_low, d_high)} | {shown} | "
                         f"{_separated(d_low, d_high)} |")
-    one, total = one_class_results(comparison, fedbn)
-    both = ("not recorded" if not total else "both classes at every site" if not one
-            else "**one class only at some sites**")
-    rows.append(f"| {fedbn} (cell, site) results predicting one class only | "
-                + (f"{one} of {total}" if total else "n/a") + f" | — | {both} |")
+    one, invalid, total = one_class_results(comparison, fedbn)
+    both = ("not recorded" if not total else "both classes at every site"
+            if not (one or invalid) else "**one class only at some sites**" if one
+            else "**no valid prediction at some sites**")
+    counted = (f"{one} of {total}" + (f" ({invalid} without a valid prediction)"
+                                      if invalid else "")) if total else "n/a"
+    rows.append(f"| {fedbn} (cell, site) results predicting one class only | {counted} "
+                f"| — | {both} |")
     return "\n".join([
         "Against the paper's figures (the held-out target: FedBN's site-mean accuracy at "
         f"least {target:.1f} %). The paper chose its epoch on the test set; these runs "

@@ -34,6 +34,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 # isort: split
 import argparse
 import csv
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,14 +64,26 @@ FIELDS = ("group", "config", "rounds", "fold", "seed", "inner", "inner_folds", "
           *[f"{s}_{at}" for at in ("best", "last") for s in SCORES], "seconds")
 
 
-def _groups(text: str) -> tuple[tuple[str, ...], ...]:
-    """Parse ``A1,A2/B1,B2``: groups of sites split by ``/`` (an argparse ``type``)."""
-    groups = tuple(tuple(s.strip() for s in part.split(",") if s.strip())
-                   for part in text.split("/"))
-    if not groups or any(len(g) < 2 for g in groups):
-        raise argparse.ArgumentTypeError(
-            f"expected groups of at least two comma-separated sites split by '/', such as "
-            f"PITT,YALE/KKI,TRINITY, got {text!r}")
+_GROUP_NAME = re.compile(r"[A-Z]")
+
+
+def _groups(text: str) -> dict[str, tuple[str, ...]]:
+    """Parse ``A1,A2/B1,B2`` (an argparse ``type``): ``{name: sites}`` of groups split by ``/``.
+
+    A group is named by its position (A, B, ...) unless it says ``NAME=`` first, one
+    capital letter, e.g. ``C=OLIN,SBL`` for a federation that other tables call C.
+    """
+    groups: dict[str, tuple[str, ...]] = {}
+    for i, part in enumerate(text.split("/")):
+        name, _, sites_text = part.rpartition("=")
+        name = name.strip() or chr(ord("A") + i)
+        sites = tuple(s.strip() for s in sites_text.split(",") if s.strip())
+        if len(sites) < 2 or not _GROUP_NAME.fullmatch(name) or name in groups:
+            raise argparse.ArgumentTypeError(
+                f"expected groups of at least two comma-separated sites split by '/', each "
+                f"optionally named by one capital letter and '=' (names distinct), such as "
+                f"PITT,YALE/KKI,TRINITY or C=OLIN,SBL, got {text!r}")
+        groups[name] = sites
     return groups
 
 
@@ -91,13 +104,14 @@ def resolve_groups(bench: Benchmark, base: Any) -> dict[str, tuple[str, ...]]:
     from fedbn_med.tasks.abide.sites import load_sites
 
     args = bench.args
-    groups_arg = args.groups or (GROUPS if args.data_dir is not None else (base.sites,))
-    for group in groups_arg:
+    groups = dict(args.groups) if args.groups else {
+        chr(ord("A") + i): tuple(g)
+        for i, g in enumerate(GROUPS if args.data_dir is not None else (base.sites,))}
+    for group in groups.values():
         try:
             load_sites(list(group))
         except ValueError as err:
             bench.parser.error(f"--groups: {err}")
-    groups = {chr(ord("A") + i): tuple(g) for i, g in enumerate(groups_arg)}
     bench.real_groups = groups
     return groups
 
@@ -108,8 +122,9 @@ def sweep_variant(args: argparse.Namespace) -> str | None:
     beside the main sweep's table, not over it (``None``: the main sweep itself)."""
     parts = ["nested"] if args.nested else []
     if args.data_dir is not None and args.groups is not None and tuple(
-            tuple(g) for g in args.groups) != GROUPS:
-        parts.append("_".join(site for group in args.groups for site in group))
+            tuple(g) for g in args.groups.values()) != GROUPS:
+        # sites joined by "_", groups by "-" (no site name holds a "-")
+        parts.extend("_".join(group) for group in args.groups.values())
     return "-".join(parts) or None
 
 
@@ -129,11 +144,11 @@ def _key(spec: Any) -> str:
 class Sweep:
     """The runs of one invocation: unique settings per group, cached in ``cells.csv``."""
 
-    def __init__(self, bench: Benchmark, base: Any, groups: Sequence[tuple[str, ...]],
+    def __init__(self, bench: Benchmark, base: Any, groups: Mapping[str, tuple[str, ...]],
                  inner_folds: int = 0) -> None:
         self.bench = bench
         self.base = base
-        self.groups = {chr(ord("A") + i): g for i, g in enumerate(groups)}
+        self.groups = dict(groups)
         #: 0: each run trains on its outer fold; K: K nested runs per outer fold
         self.inner_folds = inner_folds
         self.path = bench.out / "cells.csv"
@@ -298,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = RunSpec.for_task("abide", rounds=args.rounds, seed=args.seed,
                             data_dir=args.data_dir, device=args.device)
     # published as one table over both groups
-    sweep = Sweep(bench, base, list(resolve_groups(bench, base).values()), inner_folds)
+    sweep = Sweep(bench, base, resolve_groups(bench, base), inner_folds)
     criterion = sweep.criterion
     axes = {axis: _default_of(axis, values, sweep) for axis, values in grid.items()}
     defaults = {axis: next(v for v in values if sweep.config(v) == "default" and v.at == "best")

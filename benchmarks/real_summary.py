@@ -146,8 +146,8 @@ def _difference(cells: Mapping[str, Mapping[tuple[int, int], Mapping[str, str]]]
 
 #: the subject-level table's column this summary reads (``Comparison.subject_table``)
 BOOTSTRAP_AUC = "bootstrap AUC diff (pp) [95 % CI]"
-_STATS = re.compile(r"^(?P<mean>[+-]?\d+(\.\d+)?) \[(?P<low>[+-]?\d+(\.\d+)?), "
-                    r"(?P<high>[+-]?\d+(\.\d+)?)\]$")
+_STATS = re.compile(r"^(?P<mean>[+-]?\d+(\.\d+)?)( \[(?P<low>[+-]?\d+(\.\d+)?), "
+                    r"(?P<high>[+-]?\d+(\.\d+)?)\])?$")
 
 
 def bootstrap_auc(key: str, folder: Path | None = None
@@ -159,6 +159,8 @@ def bootstrap_auc(key: str, folder: Path | None = None
     :func:`fedbn_med.evaluation.out_of_fold.subject_tests`), the issue's other accepted
     interval. ``benchmarks/subject_tests.py`` recomputes that table from the published
     predictions. Fractions, as the other figures; empty when the report has no such table.
+    A cell the report writes as ``n/a`` (no finite difference) is left out, one with a
+    mean only (no finite bound) gives NaN bounds.
 
     Raises
     ------
@@ -180,11 +182,15 @@ def bootstrap_auc(key: str, folder: Path | None = None
         ref = next((r for r in (MAJORITY, MOTION) if cells[0] == f"{FEDBN} - {r}"), None)
         if column is None or ref is None:
             continue
-        found = _STATS.match(cells[column]) if column < len(cells) else None
+        text = cells[column] if column < len(cells) else None
+        if text == "n/a":
+            continue
+        found = _STATS.match(text) if text is not None else None
         if not found:
             raise ValueError(f"{path}: '{cells[0]}': expected '{BOOTSTRAP_AUC}' as "
-                             f"'mean [low, high]', got {cells[column:column + 1]}")
-        out[ref] = tuple(float(found[k]) / 100 for k in ("mean", "low", "high"))  # type: ignore[assignment]
+                             f"'mean [low, high]', 'mean' or 'n/a', got {text!r}")
+        out[ref] = tuple(float(found[k]) / 100 if found[k] is not None else math.nan
+                         for k in ("mean", "low", "high"))  # type: ignore[assignment]
     return out
 
 
@@ -216,13 +222,16 @@ def summary_rows(key: str, folder: Path | None = None) -> dict[str, object]:
     boot = bootstrap_auc(key, folder)
     for ref, stats in boot.items():
         row[f"bootstrap_{ref}"] = stats
-    row["target_met_bootstrap"] = (all(boot[r][1] > 0 for r in (MAJORITY, MOTION))
-                                   if all(r in boot for r in (MAJORITY, MOTION)) else None)
+    row["target_met_bootstrap"] = (
+        all(boot[r][1] > 0 for r in (MAJORITY, MOTION))  # a NaN bound is not above 0
+        if all(r in boot for r in (MAJORITY, MOTION)) else None)
     return row
 
 
 #: FedBN's mechanism baselines, as the comparisons name them, and their column titles
-BASELINES = {"FedAvg": "FedAvg", "FedProx": "FedProx", "silobn": "SiloBN",
+#: (FedProx is left out: on the shared sites it is FedAvg to the last digit, one local
+#: step per round leaving its proximal term idle)
+BASELINES = {"FedAvg": "FedAvg", "silobn": "SiloBN",
              "fedavg_localbn": "FedAvg, own-site BN stats", "fedavg_sitez": "FedAvg, site z",
              "fedavg_combat": "FedAvg, ComBat", "Centralized": "Centralized"}
 
@@ -233,7 +242,8 @@ def baseline_rows(key: str, metric: str = "auc", folder: Path | None = None
 
     ``{"key": key, name: (mean, low, high), ...}``: the paired cell differences of the
     metric at the best-validation round, mean [corrected 95 % CI] as in the comparison's
-    own difference table; a baseline the comparison did not run is absent.
+    own difference table (to 0.1 pp: the CSV's six decimals and the report's ratio); a
+    baseline the comparison did not run is absent.
     """
     folder = folder or PUBLISHED_DIR
     cells, ratio, _ = read_cells(key, folder)
@@ -249,10 +259,14 @@ def baseline_rows(key: str, metric: str = "auc", folder: Path | None = None
 
 
 def render_baselines(rows: Sequence[Mapping[str, object]]) -> str:
-    """Return the markdown table of :func:`baseline_rows`' rows, and a count of the verdicts."""
+    """Return the markdown table of :func:`baseline_rows`' rows, and a count of the verdicts.
+
+    Only differences with a finite interval are counted; those whose every cell is 0
+    (the two methods identical in that design) are counted apart, as identical.
+    """
     header = ["sites", "features, model",
               *[f"FedBN - {title}" for title in BASELINES.values()]]
-    body, ahead, behind, total = [], 0, 0, 0
+    body, ahead, behind, apart, identical, no_interval = [], 0, 0, 0, 0, 0
     for r in rows:
         line: list[object] = [_sites(str(r["key"])), describe_key(str(r["key"]))[1]]
         for name in BASELINES:
@@ -261,14 +275,22 @@ def render_baselines(rows: Sequence[Mapping[str, object]]) -> str:
                 line.append("n/a")
                 continue
             mean, low, high = value
-            total += 1
-            ahead += int(low > 0)
-            behind += int(high < 0)
             line.append(format_stats(mean, low, high, signed=True))
+            if not (math.isfinite(low) and math.isfinite(high)):
+                no_interval += 1
+            elif mean == low == high == 0:
+                identical += 1
+            else:
+                ahead += int(low > 0)
+                behind += int(high < 0)
+                apart += int(not (low > 0 or high < 0))
         body.append(line)
-    return (markdown_table(header, body) + f"\n\n{total} differences: FedBN ahead (interval "
-            f"above 0) in {ahead}, behind (interval below 0) in {behind}, not separated in "
-            f"{total - ahead - behind}.")
+    return (markdown_table(header, body) + f"\n\nOf {ahead + behind + apart} differences "
+            f"with an interval: FedBN ahead (interval above 0) in {ahead}, behind (interval "
+            f"below 0) in {behind}, not separated in {apart}; {identical} identical in every "
+            f"cell (the two methods coincide in that design); {no_interval} without an "
+            f"interval. A description, not a test: every column reuses the same FedBN cells, "
+            f"and nothing corrects for the number of differences.")
 
 
 def power_rows(key: str, metric: str = "auc", at: str = "best",
@@ -358,15 +380,16 @@ def render_summary(rows: Sequence[Mapping[str, object]]) -> str:
               "target met", "subject bootstrap: FedBN - majority AUC",
               "subject bootstrap: FedBN - motion-only AUC", "target met (subject bootstrap)"]
 
-    def met(value: object) -> str:
-        return "n/a" if value is None else "**yes**" if value else "no"
+    def met(value: object, bold: bool = True) -> str:
+        return ("n/a" if value is None else ("**yes**" if bold else "yes") if value
+                else "no")
 
     body = [[_sites(str(r["key"])), describe_key(str(r["key"]))[1], r["cells"],
              stats(r["fedbn_auc"], False), stats(r["fedbn_balanced_accuracy"], False),
              *[stats(r.get(f"minus_{o}"), True) for o in (*OTHERS, MAJORITY, MOTION)],
              met(r["target_met"]),
              *[stats(r.get(f"bootstrap_{o}"), True) for o in (MAJORITY, MOTION)],
-             met(r.get("target_met_bootstrap"))] for r in rows]
+             met(r.get("target_met_bootstrap"), bold=False)] for r in rows]
     return markdown_table(header, body)
 
 
@@ -425,6 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     met = sum(bool(r["target_met"]) for r in summary)
     boot_met = sum(bool(r.get("target_met_bootstrap")) for r in summary)
+    boot_known = sum(r.get("target_met_bootstrap") is not None for r in summary)
     table = (f"FedBN on every published shared-sites comparison: site-mean test score at "
              f"the best-validation round, mean [corrected 95 % CI] over the cells; the "
              f"target is met where both reference rows' AUC intervals are above 0 "
@@ -432,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"accepted interval, the subject-level bootstrap of each comparison's report "
              f"(subjects resampled within each site; it holds the trained models fixed, "
              f"so it leaves out the spread between runs that the corrected t counts): "
-             f"met by it in {boot_met} of {len(summary)}."
+             f"met by it in {boot_met} of the {boot_known} with a subject-level table."
              f"\n\n{render_summary(summary)}\n\n"
              f"Could more repetitions meet it? FedBN minus each reference row, test "
              f"{METRIC_NAMES[args.metric]}:\n\n{render(rows)}\n\n"
@@ -440,7 +464,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"scale and shift shared, statistics local; FedAvg scored with each site's own "
              f"BN statistics; FedAvg on per-site z-scored or ComBat-harmonised features) "
              f"and Centralized, test {METRIC_NAMES[args.metric]} difference (pp), mean "
-             f"[corrected 95 % CI] over the cells:\n\n{render_baselines(baselines)}")
+             f"[corrected 95 % CI] over the cells (FedProx is left out: here it is FedAvg "
+             f"to the last digit):\n\n{render_baselines(baselines)}")
     ratios = sorted({f"{float(r['ratio']):.3f}" for r in rows})  # type: ignore[arg-type]
     notes = (f"Read from the published comparisons' cells (no training). Corrected: "
              f"Nadeau-Bengio, n_test/n_train = {', '.join(ratios)}, as in the "

@@ -104,7 +104,7 @@ def test_axes_sharing_a_label_keep_their_own_rows_and_the_groups_are_published(
         cells = {(c["group"], c["config"]): c for c in csv.DictReader(handle)}
     assert rows[("dropout", "0")]["val_auc_A"] == cells[("A", "dropout=0.0")]["val_auc_best"]
     # the published data are the two groups run, not the task's default sites
-    meta = json.loads((tmp_path / "published" / "defaults_sweep-real-PITT_YALE_KKI_TRINITY"
+    meta = json.loads((tmp_path / "published" / "defaults_sweep-real-PITT_YALE-KKI_TRINITY"
                        / "meta.json")
                       .read_text(encoding="utf-8"))
     assert "group A PITT, YALE" in meta["data"] and "group B KKI, TRINITY" in meta["data"]
@@ -154,6 +154,8 @@ def test_intervals_of_independent_groups_add_in_quadrature(sweep: ModuleType) ->
 @pytest.mark.parametrize(("argv", "message"), [
     (["--groups", "PITT,YALE/KKI"], ("expected groups of at least two comma-separated sites "
                                     "split by '/'.*got 'PITT,YALE/KKI'")),
+    (["--groups", "C=PITT,YALE/C=KKI,TRINITY"], "names distinct.*got 'C=PITT,YALE/C=KKI"),
+    (["--groups", "grp=PITT,YALE"], "one capital letter.*got 'grp=PITT,YALE'"),
     (["--groups", "PITT,YALEE/KKI,TRINITY"], (r"--groups: Unknown site 'YALEE'\. Valid "
                                              r"sites: .*YALE")),
     (["--axes", "dropout,momentum"], ("unknown axis 'momentum'; valid axes: optimiser, "
@@ -221,7 +223,7 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
         for part in (data.train, data.val, data.test):
             x = part[0].numpy()
             assert not any(np.allclose(x[i], r) for i in range(len(x)) for r in outer_rows)
-    published = tmp_path / "published" / "defaults_sweep-real-nested-PITT_YALE_KKI_TRINITY"
+    published = tmp_path / "published" / "defaults_sweep-real-nested-PITT_YALE-KKI_TRINITY"
     assert (published / "meta.json").is_file()
     with pytest.raises(SystemExit):
         sweep.main(["--quick", "--inner-folds", "3", "--data-dir", str(release), "--groups",
@@ -283,7 +285,10 @@ def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
     (["--data-dir", "D", "--groups", "PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU"],
      None),
     (["--data-dir", "D", "--nested", "--groups", "OLIN,SBL,OHSU"], "nested-OLIN_SBL_OHSU"),
-    (["--data-dir", "D", "--groups", "PITT,YALE/KKI,TRINITY"], "PITT_YALE_KKI_TRINITY"),
+    (["--data-dir", "D", "--groups", "PITT,YALE/KKI,TRINITY"], "PITT_YALE-KKI_TRINITY"),
+    # one group of the same four sites: a key of its own, not the two groups' key
+    (["--data-dir", "D", "--groups", "PITT,YALE,KKI,TRINITY"], "PITT_YALE_KKI_TRINITY"),
+    (["--data-dir", "D", "--nested", "--groups", "C=OLIN,SBL,OHSU"], "nested-OLIN_SBL_OHSU"),
     (["--groups", "PITT,YALE"], None),  # built-in cohort: groups are not real sites
 ])
 def test_a_sweep_on_other_groups_is_published_beside_the_main_one(

@@ -286,3 +286,32 @@ def test_a_report_without_a_subject_table_says_n_a_and_a_bad_cell_is_named(
                       encoding="utf-8")
     with pytest.raises(ValueError, match=r"report\.md: 'FedBN - Majority class': expected"):
         power.bootstrap_auc(KEY, tmp_path)
+
+
+def test_a_bootstrap_cell_without_a_bound_or_a_value_is_read_not_refused(
+        power: ModuleType, tmp_path: Path) -> None:
+    _write(tmp_path, {"FedBN": [0.7] * 5, MAJORITY: [0.5] * 5, MOTION: [0.55] * 5})
+    report = tmp_path / KEY / "report.md"
+    report.write_text(report.read_text(encoding="utf-8")
+                      + "\n\n| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
+                      f"|---|---|---|\n| FedBN - {MAJORITY} | 40 | +5.1 |\n"
+                      f"| FedBN - {MOTION} | 40 | n/a |\n", encoding="utf-8")
+    boot = power.bootstrap_auc(KEY, tmp_path)
+    assert set(boot) == {MAJORITY} and boot[MAJORITY][0] == pytest.approx(0.051)
+    assert math.isnan(boot[MAJORITY][1]) and math.isnan(boot[MAJORITY][2])
+    assert power.summary_rows(KEY, folder=tmp_path)["target_met_bootstrap"] is None
+
+
+def test_the_baseline_count_keeps_identical_methods_and_missing_intervals_apart(
+        power: ModuleType) -> None:
+    nan = math.nan
+    rows = [{"key": "real_compare-real-PITT_YALE", "FedAvg": (0.05, 0.01, 0.09),
+             "silobn": (0.0, 0.0, 0.0), "fedavg_localbn": (0.02, nan, nan),
+             "fedavg_sitez": (-0.01, -0.05, 0.03), "Centralized": (-0.08, -0.12, -0.02)}]
+    text = power.render_baselines(rows)
+    assert ("Of 3 differences with an interval: FedBN ahead (interval above 0) in 1, behind "
+            "(interval below 0) in 1, not separated in 1; 1 identical in every cell") in text
+    assert "1 without an interval" in text
+    header = text.splitlines()[0]
+    assert "FedProx" not in header and "FedBN - FedAvg, ComBat" in header
+    assert text.splitlines()[2].count("| n/a ") == 1  # ComBat was not run

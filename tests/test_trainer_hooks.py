@@ -100,11 +100,16 @@ def _one_site(strategy, batch_size: int, site: str = "A") -> SiteTrainer:
                        batch_size=batch_size, seed=0, device="cpu")
 
 
-def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog):
+def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog,
+                                                                         monkeypatch):
     import logging
 
+    from fedbn_med.fl import hooks
+    from fedbn_med.fl.feddyn import FedDyn
+
+    monkeypatch.setattr(hooks, "_ONE_STEP_TOLD", set())  # told once per process: start afresh
     # 36 training rows in one batch of 64, one local epoch: one step per round
-    site = "OneStepSite"  # told once per (site, mu) in a process: a name of this test's own
+    site = "OneStepSite"
     fedavg, fedprox = _one_site(FedAvg(), 64, site), _one_site(FedProx(mu=1.0), 64, site)
     with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
         for rnd in (1, 2):
@@ -112,7 +117,7 @@ def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog)
             p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": rnd})
             assert all(torch.equal(a[k], p[k]) for k in a)
     told = [r.getMessage() for r in caplog.records if "proximal term" in r.getMessage()]
-    assert len(told) == 1 and f"Site {site} took 1 local step(s) in round 1" in told[0]
+    assert len(told) == 1 and f"Site {site} took 1 local step in round 1" in told[0]
     again = _one_site(FedProx(mu=1.0), 64, site)  # the same site in a later run: not again
     with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
         again.fit(again.shared_weights(), {"round": 1})
@@ -124,6 +129,15 @@ def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog)
         a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": 1})
         p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": 1})
     assert any(not torch.equal(a[k], p[k]) for k in a)
+    assert not [r for r in caplog.records if "proximal term" in r.getMessage()]
+    # FedDyn's linear term acts from the first step: it trains apart and is not told
+    caplog.clear()
+    fedavg, feddyn = _one_site(FedAvg(), 64, site), _one_site(FedDyn(mu=0.5), 64, site)
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.fl.hooks"):
+        for rnd in (1, 2):
+            a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": rnd})
+            d, _, _ = feddyn.fit(feddyn.shared_weights(), {"round": rnd})
+    assert any(not torch.equal(a[k], d[k]) for k in a)
     assert not [r for r in caplog.records if "proximal term" in r.getMessage()]
     # two local epochs of one batch: two steps, the term acts on the second
     fedavg, fedprox = _one_site(FedAvg(), 64), _one_site(FedProx(mu=1.0), 64)

@@ -39,8 +39,8 @@ __all__ = ["DPHook", "HookedSite", "ProximalHook", "Releases", "RoundHook", "spl
 Weights = dict[str, "torch.Tensor"]
 
 logger = logging.getLogger(__name__)
-#: (site, mu) pairs already told that one local step leaves the proximal term no effect
-_ONE_STEP_TOLD: set[tuple[str, float]] = set()
+#: (strategy, site, mu) already told that one local step leaves the proximal term idle
+_ONE_STEP_TOLD: set[tuple[str, str, float]] = set()
 
 
 def split_site_state(tensors: Mapping[str, torch.Tensor]) -> tuple[Weights, Weights]:
@@ -131,9 +131,10 @@ class ProximalHook(RoundHook):
     The term and its gradient are zero at a round's first local step (the weights are
     the received ones), so a site that takes one step per round (its training split fits
     in one batch and it trains one local epoch) trains exactly as under FedAvg. The hook
-    says so at the end of the first such round, once per site and ``mu`` in a process (a
-    benchmark runs the same site many times): on small real sites FedProx and FedAvg then
-    give the same numbers to the last digit.
+    says so at the end of the first such round, once per strategy, site and ``mu`` in a
+    process (a benchmark runs the same site many times): on small real sites FedProx and
+    FedAvg then give the same numbers to the last digit. FedDyn, which uses this hook for
+    its quadratic part, is not told: its linear term acts from the first step.
     """
 
     def __init__(self, strategy: Strategy) -> None:
@@ -155,11 +156,13 @@ class ProximalHook(RoundHook):
     def end(self, site: HookedSite, rnd: int, sent: Weights,
             metrics: dict[str, float]) -> Weights:
         """Warn (once) when the round had one local step, where the term had no effect."""
-        told = (site.site, float(self.strategy.mu))
-        if self.steps <= 1 and self.anchor and told not in _ONE_STEP_TOLD:
+        # FedDyn's linear term acts from the first step: only FedProx's term is idle
+        told = (self.strategy.name, site.site, float(self.strategy.mu))
+        if (self.steps == 1 and self.anchor and self.strategy.name != "feddyn"
+                and told not in _ONE_STEP_TOLD):
             _ONE_STEP_TOLD.add(told)
             logger.warning(
-                "Site %s took %d local step(s) in round %d: the proximal term (mu=%g) is "
+                "Site %s took %d local step in round %d: the proximal term (mu=%g) is "
                 "zero at a round's first step, so it had no effect (with one step per "
                 "round FedProx trains as FedAvg does). More local epochs, or a batch "
                 "smaller than the site's training split, give the term steps to act on.",

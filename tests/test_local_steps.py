@@ -1,0 +1,34 @@
+"""``benchmarks/local_steps.py``: each site's training split and local steps per round."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+
+@pytest.mark.parametrize(("n", "batch", "epochs", "steps"), [
+    (32, 32, 1, 1), (33, 32, 1, 1),  # a batch of one example is left out
+    (34, 32, 1, 2), (10, 32, 1, 1), (10, 32, 3, 3), (111, 32, 1, 4), (1, 32, 1, 0),
+])
+def test_steps_per_round_counts_batches_of_two_or_more(bench, n, batch, epochs, steps):
+    assert bench("local_steps").steps_per_round(n, batch, epochs) == steps
+
+
+def test_every_cell_is_read_and_one_batch_sites_are_named(bench, abide_release, store,
+                                                         tmp_path, capsys):
+    out = tmp_path / "out"
+    sites = "PITT,YALE"  # 16 subjects each in the test release
+    assert bench("local_steps").main(["--data-dir", str(abide_release), "--sites", sites,
+                                      "--folds", "2", "--seeds", "2", "--out", str(out),
+                                      "--tracking-uri", store]) == 0
+    with open(out / "table.csv", newline="", encoding="utf-8") as handle:
+        rows = {r["site"]: r for r in csv.DictReader(handle)}
+    assert list(rows) == ["PITT", "YALE"]
+    for row in rows.values():
+        # 16 subjects a site: far below one batch of 32, so one step and an idle term
+        assert row["cells"] == "4" and int(row["train_max"]) < 16
+        assert row["steps_min"] == row["steps_max"] == "1"
+        assert row["proximal_term_acts"] == "False"
+    printed = capsys.readouterr().out
+    assert "One step per round at every site in every cell: 2 of 2 sites" in printed
