@@ -13,12 +13,14 @@ Preprocessed release, or any release in its layout).
                                       [--folds N] [--seeds S] [--weighting samples|equal]
                                       [--connectivity correlation|tangent]
                                       [--model mlp|linear] [--weight-decay W]
+                                      [--batch-size B]
 
 ``--connectivity tangent`` runs every strategy on tangent-space features (each site's
 reference fitted on its own training subjects) and publishes apart from the default's
 table, under ``real_compare-real-<sites>-tangent``. ``--model linear`` (the task's
 logistic regression on standardised features) and ``--weight-decay`` likewise publish
-apart, e.g. ``real_compare-real-<sites>-tangent-linear-wd10``.
+apart, e.g. ``real_compare-real-<sites>-tangent-linear-wd10``; so does ``--batch-size``
+(``-b8``), which on small sites sets how many local steps each takes per round.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from _common import LABELS, Benchmark, Budget, make_parser, strategy_config
 from _sweep import publish_site_comparison
 
-from fedbn_med.tasks.abide.settings import CONNECTIVITY, MODELS, Settings
+from fedbn_med.tasks.abide.settings import CONNECTIVITY, DEFAULTS, MODELS, Settings
 
 NAME = "real_compare"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -67,14 +69,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weight-decay", type=float, default=Settings().weight_decay,
                         help="L2 penalty of the local optimiser (default: the task's, "
                              f"{Settings().weight_decay:g}); another is published apart")
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
+                        help=f"mini-batch size at every site (default: the main job's, "
+                             f"{DEFAULTS['batch_size']}); another is published apart. On "
+                             "small sites it sets the local steps per round "
+                             "(benchmarks/local_steps.py)")
     bench = Benchmark(parser, argv)
     args = bench.args
+    if args.batch_size < 2:
+        parser.error(f"--batch-size must be at least 2 (batch norm), got {args.batch_size}")
     features = args.connectivity
     if not (args.weight_decay >= 0 and args.weight_decay < float("inf")):
         parser.error(f"--weight-decay must be a finite number >= 0, got {args.weight_decay}")
     parts = [features if features != default else "",
              args.model if args.model != Settings().model else "",
-             f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else ""]
+             f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else "",
+             f"b{args.batch_size}" if args.batch_size != DEFAULTS["batch_size"] else ""]
     bench.set_variant("-".join(p for p in parts if p) or None)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
@@ -86,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
                                                weighting=args.weighting,
                                                connectivity=features, model=args.model,
-                                               weight_decay=args.weight_decay)
+                                               weight_decay=args.weight_decay,
+                                               batch_size=args.batch_size)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))

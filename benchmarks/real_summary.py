@@ -328,13 +328,21 @@ def _pp(value: object, signed: bool = False) -> str:
 
 
 def describe_key(key: str) -> tuple[str, str]:
-    """Return (sites, features and model) of a published comparison's key."""
+    """Return (sites, features and model) of a published comparison's key.
+
+    The key's variant parts (``real_compare.py``'s): ``tangent``, ``linear``, ``wd<W>``
+    and ``b<B>``, e.g. ``...-tangent-linear-wd100`` is "tangent, linear wd 100".
+    """
     name = key.removeprefix("real_compare-real-")
-    variants = {"-tangent-linear-wd100": "tangent, linear wd 100", "-tangent": "tangent, MLP"}
-    for suffix, words in variants.items():
-        if name.endswith(suffix):
-            return name.removesuffix(suffix), words
-    return name, "correlation, MLP"
+    sites, _, rest = name.partition("-")
+    parts = f"-{rest}-" if rest else "-"
+    features = "tangent" if "-tangent-" in parts else "correlation"
+    words = f"{features}, {'linear' if '-linear-' in parts else 'MLP'}"
+    if found := re.search(r"-wd([0-9.]+(?:e[+-]?[0-9]+)?)-", parts):  # 1e-05 holds a "-"
+        words += f" wd {found[1]}"
+    if found := re.search(r"-b([0-9]+)-", parts):
+        words += f", batch {found[1]}"
+    return sites, words
 
 
 _VARIANTS = ("correlation, MLP", "tangent, MLP", "tangent, linear wd 100")

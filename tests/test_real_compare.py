@@ -146,3 +146,11 @@ def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, releas
     assert "--model linear --weight-decay 10" in (linear / "meta.json").read_text(
         encoding="utf-8")
     assert (linear / "table.csv").read_text(encoding="utf-8") not in (tangent, plain)
+    # another batch size: its own key, and the notes say the batch it ran with
+    assert real_compare.main([*argv, "--out", str(tmp_path / "b"), "--batch-size", "4"]) == 0
+    assert "batch 4," in capsys.readouterr().out
+    small = published / "real_compare-real-PITT_YALE_KKI-b4"
+    assert (small / "table.csv").read_text(encoding="utf-8") not in (tangent, plain)
+    with pytest.raises(SystemExit):
+        real_compare.main([*argv, "--out", str(tmp_path / "x"), "--batch-size", "1"])
+    assert "--batch-size must be at least 2 (batch norm), got 1" in capsys.readouterr().err

@@ -315,3 +315,17 @@ def test_the_baseline_count_keeps_identical_methods_and_missing_intervals_apart(
     header = text.splitlines()[0]
     assert "FedProx" not in header and "FedBN - FedAvg, ComBat" in header
     assert text.splitlines()[2].count("| n/a ") == 1  # ComBat was not run
+
+
+@pytest.mark.parametrize(("key", "described"), [
+    ("real_compare-real-PITT_YALE", ("PITT_YALE", "correlation, MLP")),
+    ("real_compare-real-PITT_YALE-tangent", ("PITT_YALE", "tangent, MLP")),
+    ("real_compare-real-PITT_YALE-tangent-linear-wd100",
+     ("PITT_YALE", "tangent, linear wd 100")),
+    ("real_compare-real-PITT_YALE-b8", ("PITT_YALE", "correlation, MLP, batch 8")),
+    ("real_compare-real-PITT_YALE-linear-wd1e-05-b8",
+     ("PITT_YALE", "correlation, linear wd 1e-05, batch 8")),
+])
+def test_every_variant_of_a_key_is_described(power: ModuleType, key: str,
+                                             described: tuple[str, str]) -> None:
+    assert power.describe_key(key) == described
