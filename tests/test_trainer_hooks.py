@@ -144,3 +144,25 @@ def test_with_one_local_step_fedprox_is_fedavg_and_the_site_is_told_once(caplog,
     a, _, _ = fedavg.fit(fedavg.shared_weights(), {"round": 1, "local_epochs": 2})
     p, _, _ = fedprox.fit(fedprox.shared_weights(), {"round": 1, "local_epochs": 2})
     assert any(not torch.equal(a[k], p[k]) for k in a)
+
+
+@pytest.mark.parametrize(("n", "batch", "sizes"), [
+    (36, 16, [16, 16, 4]),  # a remainder of 4 keeps its own batch
+    (35, 16, [16, 19]),  # of 3: it joins the batch before it
+    (33, 32, [33]),  # of 1: joins too (it used to be left out)
+    (34, 8, [8, 8, 8, 10]),
+    (32, 32, [32]), (10, 32, [10]),  # one batch: trained on whole
+    (3, 32, [3]), (1, 32, []),  # a split of one example: not trained on
+])
+def test_a_tiny_last_batch_joins_the_one_before(n, batch, sizes):
+    from fedbn_med.training.objective import MIN_LAST_BATCH, BinaryClassification
+    from fedbn_med.training.trainer import SiteData
+
+    assert MIN_LAST_BATCH == 4
+    x, y = torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n) % 2
+    data = SiteData(train=(x, y), val=(x[:0], y[:0]), test=(x[:0], y[:0]))
+    got = list(BinaryClassification().batches(data, batch, 2, lambda *_: 0))
+    assert [len(b[0]) for b in got] == sizes * 2  # two epochs alike
+    for epoch in (got[:len(sizes)], got[len(sizes):]):  # every example once an epoch
+        seen = torch.cat([b[0] for b in epoch]).flatten() if epoch else torch.empty(0)
+        assert sorted(seen.tolist()) == (list(range(n)) if sizes else [])

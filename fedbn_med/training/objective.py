@@ -20,12 +20,16 @@ from torch import nn
 from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.tasks import Selection
 
-__all__ = ["THRESHOLDS", "BinaryClassification", "Objective", "ShapeMismatchError",
+__all__ = ["MIN_LAST_BATCH", "THRESHOLDS", "BinaryClassification", "Objective", "ShapeMismatchError",
            "binary_scores", "prior_threshold"]
 
 #: How a binary objective turns probabilities into predicted classes: at 0.5, or at the
 #: site's own training prevalence (:func:`prior_threshold`).
 THRESHOLDS = ("0.5", "site_prior")
+
+#: The fewest examples a last training batch keeps on its own; a smaller remainder joins
+#: the batch before it (:meth:`BinaryClassification.batches`).
+MIN_LAST_BATCH = 4
 
 #: ``seeds(*labels)``: a seed derived from the run's seed, the site and the round.
 Seeds = Callable[..., int]
@@ -187,14 +191,25 @@ class BinaryClassification(Objective):
 
     def batches(self, data: Any, batch_size: int, epochs: int, seeds: Seeds
                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield shuffled training batches, a new order every epoch."""
+        """Yield shuffled training batches, a new order every epoch.
+
+        A last batch of fewer than :data:`MIN_LAST_BATCH` examples joins the batch before
+        it: batch norm normalises a batch by its own statistics, and on two or three
+        examples those are degenerate (on two, every feature becomes -1 or +1), which
+        gave updates hundreds of times the other sites' at small batch sizes. A split
+        that is one batch is trained on whole; a split of one example is not trained on.
+        """
         gen = torch.Generator().manual_seed(seeds("shuffle"))
         x, y = data.train
         n = x.shape[0]
+        starts = list(range(0, n, batch_size))
+        if len(starts) > 1 and n - starts[-1] < MIN_LAST_BATCH:
+            starts.pop()
+        bounds = list(zip(starts, [*starts[1:], n]))
         for _ in range(epochs):
             order = torch.randperm(n, generator=gen)
-            for start in range(0, n, batch_size):
-                idx = order[start:start + batch_size]
+            for start, stop in bounds:
+                idx = order[start:stop]
                 if idx.numel() < 2:  # batch norm cannot train on a single example
                     continue
                 yield x[idx], y[idx]
