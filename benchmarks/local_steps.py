@@ -1,7 +1,8 @@
 """How many local steps each site takes per round at the main job's defaults.
 
 A site's round is ``local_epochs`` passes over its training split in batches of
-``batch_size`` (a batch of one example is left out: batch norm cannot train on it). Where
+``batch_size`` (a last batch of fewer than four examples joins the one before it: batch
+norm's statistics on two or three examples are degenerate). Where
 a site's training split fits in one batch and it trains one epoch, it takes one step per
 round, and at that step FedProx's proximal term is zero (the weights are the ones just
 received): FedProx then trains exactly as FedAvg does. This prints, for every site and
@@ -34,9 +35,20 @@ SHARED = ("PITT", "YALE", "MAX_MUN", "KKI", "TRINITY", "STANFORD", "CALTECH", "S
 
 
 def steps_per_round(n_train: int, batch_size: int, local_epochs: int) -> int:
-    """Return the optimiser steps of one round: batches of at least two examples, per epoch."""
+    """Return the optimiser steps of one round, batched as the trainer batches.
+
+    Per epoch: one step per batch; a last batch of fewer than ``MIN_LAST_BATCH`` examples
+    joins the one before it, and a split of one example takes no step
+    (:meth:`fedbn_med.training.objective.BinaryClassification.batches`).
+    """
+    from fedbn_med.training.objective import MIN_LAST_BATCH
+
+    if n_train < 2:
+        return 0
     full, rest = divmod(n_train, batch_size)
-    return local_epochs * (full + (1 if rest >= 2 else 0))
+    if full == 0:
+        return local_epochs
+    return local_epochs * (full + (1 if rest >= MIN_LAST_BATCH else 0))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

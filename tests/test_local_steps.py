@@ -8,11 +8,21 @@ import pytest
 
 
 @pytest.mark.parametrize(("n", "batch", "epochs", "steps"), [
-    (32, 32, 1, 1), (33, 32, 1, 1),  # a batch of one example is left out
-    (34, 32, 1, 2), (10, 32, 1, 1), (10, 32, 3, 3), (111, 32, 1, 4), (1, 32, 1, 0),
+    (32, 32, 1, 1), (35, 32, 1, 1),  # a last batch of 1 to 3 joins the one before
+    (36, 32, 1, 2), (10, 32, 1, 1), (10, 32, 3, 3), (111, 32, 1, 4), (1, 32, 1, 0),
+    (3, 32, 1, 1), (26, 8, 1, 3), (28, 8, 1, 4),
 ])
-def test_steps_per_round_counts_batches_of_two_or_more(bench, n, batch, epochs, steps):
+def test_steps_per_round_counts_the_trainers_batches(bench, n, batch, epochs, steps):
+    import torch
+
+    from fedbn_med.training.objective import BinaryClassification
+    from fedbn_med.training.trainer import SiteData
+
     assert bench("local_steps").steps_per_round(n, batch, epochs) == steps
+    x, y = torch.zeros(n, 1), torch.zeros(n, dtype=torch.long)
+    data = SiteData(train=(x, y), val=(x[:0], y[:0]), test=(x[:0], y[:0]))
+    batches = BinaryClassification().batches(data, batch, epochs, lambda *_: 0)
+    assert len(list(batches)) == steps  # what the trainer does
 
 
 def test_every_cell_is_read_and_one_batch_sites_are_named(bench, abide_release, store,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from fedbn_med.fl.hooks import HookedSite, ProximalHook, RoundHook
 from fedbn_med.fl.strategies import FedAvg
@@ -157,5 +157,7 @@ class FedDyn(FedAvg):
         parameters = frozenset(name for name, _ in site.model.named_parameters())
         keys = site.exchanged & parameters
         at = next((i + 1 for i, h in enumerate(hooks) if isinstance(h, ProximalHook)), 0)
+        if at:  # the linear term acts from the first step: one step is not FedAvg here
+            cast(ProximalHook, hooks[at - 1]).tell_one_step = False
         hooks.insert(at, DynamicHook(site.model.state_dict(), keys, self.mu))
         return hooks

@@ -133,12 +133,15 @@ class ProximalHook(RoundHook):
     in one batch and it trains one local epoch) trains exactly as under FedAvg. The hook
     says so at the end of the first such round, once per strategy, site and ``mu`` in a
     process (a benchmark runs the same site many times): on small real sites FedProx and
-    FedAvg then give the same numbers to the last digit. FedDyn, which uses this hook for
-    its quadratic part, is not told: its linear term acts from the first step.
+    FedAvg then give the same numbers to the last digit. A strategy with another term
+    that acts from the first step (a dynamic regulariser using this hook for its
+    quadratic part) turns the warning off with ``tell_one_step``.
     """
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: Strategy, tell_one_step: bool = True) -> None:
         self.strategy = strategy
+        #: whether a one-step round is worth a warning (False where another term acts)
+        self.tell_one_step = tell_one_step
         self.anchor: Weights = {}
         self.steps = 0
 
@@ -156,9 +159,8 @@ class ProximalHook(RoundHook):
     def end(self, site: HookedSite, rnd: int, sent: Weights,
             metrics: dict[str, float]) -> Weights:
         """Warn (once) when the round had one local step, where the term had no effect."""
-        # FedDyn's linear term acts from the first step: only FedProx's term is idle
         told = (self.strategy.name, site.site, float(self.strategy.mu))
-        if (self.steps == 1 and self.anchor and self.strategy.name != "feddyn"
+        if (self.steps == 1 and self.anchor and self.tell_one_step
                 and told not in _ONE_STEP_TOLD):
             _ONE_STEP_TOLD.add(told)
             logger.warning(

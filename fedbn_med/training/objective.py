@@ -20,8 +20,8 @@ from torch import nn
 from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.tasks import Selection
 
-__all__ = ["MIN_LAST_BATCH", "THRESHOLDS", "BinaryClassification", "Objective", "ShapeMismatchError",
-           "binary_scores", "prior_threshold"]
+__all__ = ["MIN_LAST_BATCH", "THRESHOLDS", "BinaryClassification", "Objective",
+           "ShapeMismatchError", "binary_scores", "prior_threshold"]
 
 #: How a binary objective turns probabilities into predicted classes: at 0.5, or at the
 #: site's own training prevalence (:func:`prior_threshold`).
