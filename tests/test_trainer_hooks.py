@@ -166,3 +166,24 @@ def test_a_tiny_last_batch_joins_the_one_before(n, batch, sizes):
     for epoch in (got[:len(sizes)], got[len(sizes):]):  # every example once an epoch
         seen = torch.cat([b[0] for b in epoch]).flatten() if epoch else torch.empty(0)
         assert sorted(seen.tolist()) == (list(range(n)) if sizes else [])
+
+
+@pytest.mark.parametrize(("n", "batch", "sizes"), [(12, 4, [4, 4, 4]), (10, 4, [4, 6]),
+                                                   (9, 4, [4, 5]), (3, 4, [3])])
+def test_image_batches_follow_the_same_rule_in_the_order_a_shuffled_loader_draws(
+        n, batch, sizes):
+    from monai.data import DataLoader
+    from torch.utils.data import RandomSampler
+
+    from fedbn_med.tasks.imaging.trainer import _Batches
+
+    items = list(range(n))
+    plain = DataLoader(items, batch_size=batch, shuffle=True,
+                       generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    ours = DataLoader(items, batch_sampler=_Batches(RandomSampler(items, generator=gen), batch),
+                      generator=gen)
+    for _ in range(2):  # two passes: the generator moves on alike
+        drawn = [b.tolist() for b in ours]
+        assert [len(b) for b in drawn] == sizes
+        assert sum(drawn, []) == sum((b.tolist() for b in plain), [])

@@ -21,7 +21,7 @@ from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.tasks import Selection
 
 __all__ = ["MIN_LAST_BATCH", "THRESHOLDS", "BinaryClassification", "Objective",
-           "ShapeMismatchError", "binary_scores", "prior_threshold"]
+           "ShapeMismatchError", "batch_bounds", "binary_scores", "prior_threshold"]
 
 #: How a binary objective turns probabilities into predicted classes: at 0.5, or at the
 #: site's own training prevalence (:func:`prior_threshold`).
@@ -30,6 +30,19 @@ THRESHOLDS = ("0.5", "site_prior")
 #: The fewest examples a last training batch keeps on its own; a smaller remainder joins
 #: the batch before it (:meth:`BinaryClassification.batches`).
 MIN_LAST_BATCH = 4
+
+def batch_bounds(n: int, batch_size: int) -> list[tuple[int, int]]:
+    """Return ``(start, stop)`` of each training batch of an epoch over ``n`` examples.
+
+    Batches of ``batch_size`` in order; a last batch of fewer than
+    :data:`MIN_LAST_BATCH` examples joins the one before it (a split smaller than one
+    batch is one batch). Every task's training batches follow this rule.
+    """
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] < MIN_LAST_BATCH:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], n]))
+
 
 #: ``seeds(*labels)``: a seed derived from the run's seed, the site and the round.
 Seeds = Callable[..., int]
@@ -202,10 +215,7 @@ class BinaryClassification(Objective):
         gen = torch.Generator().manual_seed(seeds("shuffle"))
         x, y = data.train
         n = x.shape[0]
-        starts = list(range(0, n, batch_size))
-        if len(starts) > 1 and n - starts[-1] < MIN_LAST_BATCH:
-            starts.pop()
-        bounds = list(zip(starts, [*starts[1:], n]))
+        bounds = batch_bounds(n, batch_size)
         for _ in range(epochs):
             order = torch.randperm(n, generator=gen)
             for start, stop in bounds:

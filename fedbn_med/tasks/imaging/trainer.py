@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import torch
 from monai.data import DataLoader, Dataset, list_data_collate
 from torch import nn
-from torch.utils.data import ConcatDataset
+from torch.utils.data import ConcatDataset, RandomSampler, Sampler
 
 from fedbn_med.tasks.imaging.datasets import ImageSiteData
-from fedbn_med.training.objective import Objective, Seeds
+from fedbn_med.training.objective import Objective, Seeds, batch_bounds
 from fedbn_med.training.optim import Adam
 from fedbn_med.training.trainer import SiteTrainer
 
@@ -33,6 +33,25 @@ def _seed_transforms(dataset: Dataset | ConcatDataset, seed: int) -> None:
         transform = getattr(part, "transform", None)
         if transform is not None and hasattr(transform, "set_random_state"):
             transform.set_random_state(seed=(seed + i) & 0x7FFFFFFF)
+
+
+class _Batches(Sampler[list[int]]):
+    """Index batches of one shuffled pass, cut by :func:`batch_bounds`.
+
+    A last batch of fewer than four items joins the one before it, as in every task.
+    """
+
+    def __init__(self, sampler: RandomSampler, batch_size: int) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = list(self.sampler)
+        for start, stop in batch_bounds(len(order), self.batch_size):
+            yield order[start:stop]
+
+    def __len__(self) -> int:
+        return len(batch_bounds(len(self.sampler), self.batch_size))
 
 
 def image_optimiser(lr: float) -> Adam:
@@ -64,8 +83,11 @@ class ImageObjective(Objective):
         """Yield the round's augmented, shuffled batches (augmentation seeded per round)."""
         _seed_transforms(data.train, seeds("augment"))
         gen = torch.Generator().manual_seed(seeds("shuffle"))
-        loader = DataLoader(data.train, batch_size=batch_size, shuffle=True,
-                            generator=gen, num_workers=0, collate_fn=list_data_collate)
+        # the order DataLoader(shuffle=True) would draw, cut by the trainer's one batch rule
+        sampler = _Batches(RandomSampler(data.train, generator=gen), batch_size)
+        # the loader draws each pass's base seed from ``gen`` first, as with shuffle=True
+        loader = DataLoader(data.train, batch_sampler=sampler, generator=gen, num_workers=0,
+                            collate_fn=list_data_collate)
         for _ in range(epochs):
             for batch in loader:
                 image = torch.as_tensor(batch["image"])
