@@ -118,13 +118,16 @@ def resolve_groups(bench: Benchmark, base: Any) -> dict[str, tuple[str, ...]]:
 
 def sweep_variant(args: argparse.Namespace) -> str | None:
     """Return the published variant: ``nested`` and, for groups other than
-    :data:`GROUPS`, their sites, so that a sweep on other federations is published
-    beside the main sweep's table, not over it (``None``: the main sweep itself)."""
+    :data:`GROUPS`, their sites and the ``--axes`` swept, so that a sweep on other
+    federations is published beside the main sweep's table, not over it, and two such
+    sweeps of other axes beside each other (``None``: the main sweep itself)."""
     parts = ["nested"] if args.nested else []
     if args.data_dir is not None and args.groups is not None and tuple(
             tuple(g) for g in args.groups.values()) != GROUPS:
         # sites joined by "_", groups by "-" (no site name holds a "-")
         parts.extend("_".join(group) for group in args.groups.values())
+        # a sweep of some axes on other groups: one table per set of axes
+        parts.extend(axis.replace(" ", "_") for axis in getattr(args, "axes", None) or ())
     return "-".join(parts) or None
 
 

@@ -104,7 +104,8 @@ def test_axes_sharing_a_label_keep_their_own_rows_and_the_groups_are_published(
         cells = {(c["group"], c["config"]): c for c in csv.DictReader(handle)}
     assert rows[("dropout", "0")]["val_auc_A"] == cells[("A", "dropout=0.0")]["val_auc_best"]
     # the published data are the two groups run, not the task's default sites
-    meta = json.loads((tmp_path / "published" / "defaults_sweep-real-PITT_YALE-KKI_TRINITY"
+    meta = json.loads((tmp_path / "published"
+                       / "defaults_sweep-real-PITT_YALE-KKI_TRINITY-weight_decay-dropout"
                        / "meta.json")
                       .read_text(encoding="utf-8"))
     assert "group A PITT, YALE" in meta["data"] and "group B KKI, TRINITY" in meta["data"]
@@ -223,7 +224,7 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
         for part in (data.train, data.val, data.test):
             x = part[0].numpy()
             assert not any(np.allclose(x[i], r) for i in range(len(x)) for r in outer_rows)
-    published = tmp_path / "published" / "defaults_sweep-real-nested-PITT_YALE-KKI_TRINITY"
+    published = tmp_path / "published" / "defaults_sweep-real-nested-PITT_YALE-KKI_TRINITY-model"
     assert (published / "meta.json").is_file()
     with pytest.raises(SystemExit):
         sweep.main(["--quick", "--inner-folds", "3", "--data-dir", str(release), "--groups",
@@ -289,6 +290,10 @@ def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
     # one group of the same four sites: a key of its own, not the two groups' key
     (["--data-dir", "D", "--groups", "PITT,YALE,KKI,TRINITY"], "PITT_YALE_KKI_TRINITY"),
     (["--data-dir", "D", "--nested", "--groups", "C=OLIN,SBL,OHSU"], "nested-OLIN_SBL_OHSU"),
+    (["--data-dir", "D", "--nested", "--groups", "C=OLIN,SBL", "--axes", "model"],
+     "nested-OLIN_SBL-model"),
+    (["--data-dir", "D", "--groups", "C=OLIN,SBL", "--axes", "local epochs,features"],
+     "OLIN_SBL-local_epochs-features"),
     (["--groups", "PITT,YALE"], None),  # built-in cohort: groups are not real sites
 ])
 def test_a_sweep_on_other_groups_is_published_beside_the_main_one(
@@ -298,5 +303,6 @@ def test_a_sweep_on_other_groups_is_published_beside_the_main_one(
     parser = argparse.ArgumentParser()
     parser.add_argument("--data-dir")
     parser.add_argument("--nested", action="store_true")
+    parser.add_argument("--axes", type=sweep._axes, default=None)
     sweep.add_groups_option(parser)
     assert sweep.sweep_variant(parser.parse_args(argv)) == variant
