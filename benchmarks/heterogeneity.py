@@ -23,7 +23,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 # isort: split
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--site-effects varies the built-in cohort; real ABIDE has one "
                          "fixed site effect per federation (omit --site-effects or "
                          "--data-dir)")
-        return _real(bench, bench.args.groups or REAL_GROUPS)
+        return _real(bench, bench.args.groups or {
+            chr(ord("A") + i): g for i, g in enumerate(REAL_GROUPS)})
     if bench.args.groups is not None:
         parser.error("--groups needs --data-dir (federations of real sites)")
     effects = bench.args.site_effects or (
@@ -124,16 +125,16 @@ def _gap_cells(comparison: Comparison) -> tuple[tuple[float, float, float], list
                   format_stats(*best, signed=True), format_stats(*last, signed=True)]
 
 
-def _real(bench: Benchmark, groups: Sequence[tuple[str, ...]]) -> int:
+def _real(bench: Benchmark, groups: Mapping[str, tuple[str, ...]]) -> int:
     """Run FedBN and FedAvg on each real federation; tabulate its shift and the gap."""
     from fedbn_med.tasks.abide.cohort.calibration import load_samples, site_effect_figures
 
-    for group in groups:
+    for group in groups.values():
         try:
             load_sites(list(group))
         except ValueError as err:
             bench.parser.error(f"--groups: {err}")
-    names = {chr(ord("A") + i): g for i, g in enumerate(groups)}
+    names = dict(groups)  # named by --groups (``C=...``), else A, B, ... by position
     # measured on each site's training and validation subjects only (no test subject)
     shift = {k: site_effect_figures(load_samples(bench.args.data_dir, g, part="train"))
              for k, g in names.items()}
