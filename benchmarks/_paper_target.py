@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fedbn_med.evaluation.comparison import MAJORITY
+from fedbn_med.evaluation.tables import format_stats
 
 __all__ = ["PAPER_ACCURACY", "one_class_results", "target_section"]
 
@@ -52,11 +53,9 @@ def one_class_results(comparison: Any, strategy: str) -> tuple[int, int, int]:
 
 
 def _interval(mean: float, low: float, high: float) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    if math.isnan(low):
-        return f"{100 * mean:+.1f} (one cell: no interval)"
-    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+    shown = format_stats(mean, low, high, signed=True)
+    return f"{shown} (one cell: no interval)" if math.isfinite(mean) and math.isnan(low) \
+        else shown
 
 
 def _separated(low: float, high: float) -> str:
@@ -94,14 +93,12 @@ def target_section(comparison: Any, fedbn: str = "FedBN") -> str:
                    else "**not reached** (the mean; the interval reaches above it)")
     # two decimals where one would print the target itself for a mean below it
     digits = 2 if not math.isnan(mean) and abs(100 * mean - target) < 0.05 else 1
-    accuracy = ("n/a" if math.isnan(mean) else f"{100 * mean:.{digits}f}" + (
-        "" if math.isnan(low) else f" [{100 * low:.{digits}f}, {100 * high:.{digits}f}]"))
+    accuracy = format_stats(mean, low, high, digits=digits)
     rows = [f"| FedBN site-mean accuracy (%) | {accuracy} | {target:.1f} | {verdict} |"]
     if MAJORITY in comparison.strategies:  # what predicting each site's prior scores
         m, lo, hi = comparison.corrected(comparison.values(MAJORITY, "best", "accuracy"))
-        shown = "n/a" if math.isnan(m) else f"{100 * m:.1f}" + (
-            "" if math.isnan(lo) else f" [{100 * lo:.1f}, {100 * hi:.1f}]")
-        rows.append(f"| {MAJORITY} site-mean accuracy (%), for reference | {shown} | — | "
+        rows.append(f"| {MAJORITY} site-mean accuracy (%), for reference | "
+                    f"{format_stats(m, lo, hi)} | — | "
                     "what predicting each site's majority class scores |")
     for other in ("FedAvg", "SingleSet"):
         if other not in comparison.strategies:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["PUBLISHED_DIR", "README", "blocks", "check_file_names", "describe_data", "publish",
-           "publish_key", "render_block", "rewrite_readme"]
+           "publish_key", "render_block", "rewrite_readme", "subject_level_table"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_DIR = ROOT / "benchmarks" / "published"
@@ -226,6 +226,24 @@ def check_file_names(files: Iterable[str]) -> None:
         if file in _OWN or not _FILE.fullmatch(file):
             raise ValueError(f"published file name {file!r}: expected a plain file name "
                              f"other than report.md, table.csv and meta.json")
+
+
+def subject_level_table(report: str) -> str | None:
+    """Return the subject-level table of a comparison's ``report.md`` (markdown), or None.
+
+    The first table after the line that opens "Subject-level paired tests"
+    (:meth:`fedbn_med.evaluation.comparison.Comparison.report`).
+    """
+    _, found, rest = report.partition("\nSubject-level paired tests")
+    if not found:
+        return None
+    lines = rest.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+    if start is None:
+        return None
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")),
+               len(lines))
+    return "\n".join(lines[start:end])
 
 
 def load_meta(key: str) -> dict[str, object]:

@@ -41,14 +41,10 @@ def steps_per_round(n_train: int, batch_size: int, local_epochs: int) -> int:
     joins the one before it, and a split of one example takes no step
     (:meth:`fedbn_med.training.objective.BinaryClassification.batches`).
     """
-    from fedbn_med.training.objective import MIN_LAST_BATCH
+    from fedbn_med.training.objective import batch_bounds
 
-    if n_train < 2:
-        return 0
-    full, rest = divmod(n_train, batch_size)
-    if full == 0:
-        return local_epochs
-    return local_epochs * (full + (1 if rest >= MIN_LAST_BATCH else 0))
+    return local_epochs * sum(stop - start >= 2 for start, stop in batch_bounds(n_train,
+                                                                                batch_size))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

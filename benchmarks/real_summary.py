@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import markdown_table
-from _published import PUBLISHED_DIR, load_meta
+from _published import PUBLISHED_DIR, load_meta, subject_level_table
 
 from fedbn_med.evaluation.comparison import MAJORITY, MOTION
 from fedbn_med.evaluation.intervals import (
@@ -168,19 +168,16 @@ def bootstrap_auc(key: str, folder: Path | None = None
         Naming the file, when a FedBN row's cell is not ``mean [low, high]``.
     """
     path = (folder or PUBLISHED_DIR) / key / "report.md"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    table = subject_level_table(path.read_text(encoding="utf-8")) if path.is_file() else None
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in (table or "").splitlines()]
     out: dict[str, tuple[float, float, float]] = {}
-    column = None
-    for line in lines:
-        if not line.startswith("|"):
-            column = None
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if BOOTSTRAP_AUC in cells:
-            column = cells.index(BOOTSTRAP_AUC)
-            continue
+    if not rows or BOOTSTRAP_AUC not in rows[0]:
+        return out
+    column = rows[0].index(BOOTSTRAP_AUC)
+    for cells in rows[2:]:
         ref = next((r for r in (MAJORITY, MOTION) if cells[0] == f"{FEDBN} - {r}"), None)
-        if column is None or ref is None:
+        if ref is None:
             continue
         text = cells[column] if column < len(cells) else None
         if text == "n/a":

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from _published import PUBLISHED_DIR
+from _published import PUBLISHED_DIR, subject_level_table
 
 from fedbn_med.evaluation.comparison import Comparison
 from fedbn_med.evaluation.out_of_fold import comparison_from_predictions
@@ -61,20 +61,6 @@ def load(key: str, folder: Path | None = None) -> tuple[Comparison, str]:
     return comparison, report
 
 
-def published_table(report: str) -> str | None:
-    """Return the subject-level table of a comparison's ``report.md``, or None."""
-    _, found, rest = report.partition("\nSubject-level paired tests")
-    if not found:
-        return None
-    lines = rest.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
-    if start is None:
-        return None
-    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")),
-               len(lines))
-    return "\n".join(lines[start:end])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the recomputed table; exit 1 if it differs from the published one."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
@@ -101,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"benchmarks/published/{args.key}/{FILE}: no pair of FedBN and another "
                      f"method to test (its strategies: {', '.join(comparison.strategies)})")
     print(table)
-    expected = published_table(report)
+    expected = subject_level_table(report)
     if expected is None:
         print(f"\n(benchmarks/published/{args.key}/report.md has no subject-level table to "
               f"compare with)", file=sys.stderr)

@@ -281,7 +281,8 @@ def test_a_report_without_a_subject_table_says_n_a_and_a_bad_cell_is_named(
     assert power.render_summary([summary]).splitlines()[2].endswith("| n/a | n/a | n/a |")
     report = tmp_path / KEY / "report.md"
     report.write_text(report.read_text(encoding="utf-8")
-                      + "\n\n| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
+                      + "\nSubject-level paired tests (as a report opens them):\n\n"
+                      "| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
                       "|---|---|---|\n| FedBN - Majority class | 40 | +5.0 [oops] |\n",
                       encoding="utf-8")
     with pytest.raises(ValueError, match=r"report\.md: 'FedBN - Majority class': expected"):
@@ -293,7 +294,8 @@ def test_a_bootstrap_cell_without_a_bound_or_a_value_is_read_not_refused(
     _write(tmp_path, {"FedBN": [0.7] * 5, MAJORITY: [0.5] * 5, MOTION: [0.55] * 5})
     report = tmp_path / KEY / "report.md"
     report.write_text(report.read_text(encoding="utf-8")
-                      + "\n\n| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
+                      + "\nSubject-level paired tests (as a report opens them):\n\n"
+                      "| difference | subjects | bootstrap AUC diff (pp) [95 % CI] |\n"
                       f"|---|---|---|\n| FedBN - {MAJORITY} | 40 | +5.1 |\n"
                       f"| FedBN - {MOTION} | 40 | n/a |\n", encoding="utf-8")
     boot = power.bootstrap_auc(KEY, tmp_path)
