@@ -386,11 +386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     design = (f"FedBN, in process, {args.rounds} rounds, {args.folds} fold(s) x {args.seeds} "
               f"repetition(s) of the {N_FOLDS}-fold split per group ({names}); data: "
               f"{args.data_dir or 'the built-in cohort'}. ")
-    spread_over = ("the one group's, with the corrected resampled t" if len(sweep.groups) == 1 else
-            {2: "the mean over both groups"}.get(len(sweep.groups),
-                                                 f"the mean over the {len(sweep.groups)} groups")
-            + ", with the corrected resampled t")
-    combined = "" if len(sweep.groups) == 1 else " of each group combined as independent"
+    n_groups = len(sweep.groups)
+    spread_over = ("the one group's" if n_groups == 1 else "the mean over both groups"
+                   if n_groups == 2 else f"the mean over the {n_groups} groups"
+                   ) + ", with the corrected resampled t"
+    combined = "" if n_groups == 1 else " of each group combined as independent"
     rule = ("per group; a value replaces the default only when it is best in every group "
             "and beats the default in every group. ")
     if inner_folds:
