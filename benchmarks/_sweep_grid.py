@@ -124,7 +124,8 @@ QUICK_AXES: dict[str, tuple[Value, ...]] = {
     "optimiser": tuple(v for v in AXES["optimiser"]
                        if v.label in ("SGD lr 3e-3", "Adam lr 1e-3")),
     "stopping rule": AXES["stopping rule"],
-    "features": AXES["features"][:2],
+    "features": tuple(v for v in AXES["features"]
+                      if v.label in ("whole series", f"windows 32 (step {WINDOW_STEP})")),
 }
 
 

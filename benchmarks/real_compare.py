@@ -13,14 +13,16 @@ Preprocessed release, or any release in its layout).
                                       [--folds N] [--seeds S] [--weighting samples|equal]
                                       [--connectivity correlation|tangent]
                                       [--model mlp|linear] [--weight-decay W]
-                                      [--batch-size B]
+                                      [--batch-size B] [--windows W]
 
 ``--connectivity tangent`` runs every strategy on tangent-space features (each site's
 reference fitted on its own training subjects) and publishes apart from the default's
 table, under ``real_compare-real-<sites>-tangent``. ``--model linear`` (the task's
 logistic regression on standardised features) and ``--weight-decay`` likewise publish
 apart, e.g. ``real_compare-real-<sites>-tangent-linear-wd10``; so does ``--batch-size``
-(``-b8``), which on small sites sets how many local steps each takes per round.
+(``-b8``), which on small sites sets how many local steps each takes per round, and
+``--windows`` (``--windows 0``: one whole-series correlation vector per subject, the
+default before the nested defaults sweep chose windows of 32 volumes; ``-w0``).
 """
 
 from __future__ import annotations
@@ -74,8 +76,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{DEFAULTS['batch_size']}); another is published apart. On "
                              "small sites it sets the local steps per round "
                              "(benchmarks/local_steps.py)")
+    windows = Settings().windows
+    parser.add_argument("--windows", type=int, default=None,
+                        help=f"correlation windows of this many volumes (default: the task's, "
+                             f"{windows} every {Settings().window_step}); 0: whole-series "
+                             "correlations. Another is published apart (-w0)")
     bench = Benchmark(parser, argv)
     args = bench.args
+    if args.windows is not None and not (args.windows == 0 or args.windows >= 3):
+        parser.error(f"--windows must be 0 or a window length of at least 3, got "
+                     f"{args.windows}")
+    if args.connectivity != "correlation" and args.windows:
+        parser.error(f"--windows {args.windows} cuts correlation windows; it does not combine "
+                     f"with --connectivity {args.connectivity}")
+    if args.windows is None:
+        # Tangent space is fitted on whole series: it has no windows.
+        args.windows = windows if args.connectivity == "correlation" else 0
     if args.batch_size < 2:
         parser.error(f"--batch-size must be at least 2 (batch norm), got {args.batch_size}")
     features = args.connectivity
@@ -84,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = [features if features != default else "",
              args.model if args.model != Settings().model else "",
              f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else "",
-             f"b{args.batch_size}" if args.batch_size != DEFAULTS["batch_size"] else ""]
+             f"b{args.batch_size}" if args.batch_size != DEFAULTS["batch_size"] else "",
+             f"w{args.windows}" if features == "correlation" and args.windows != windows
+             else ""]
     bench.set_variant("-".join(p for p in parts if p) or None)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
@@ -96,13 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
                                                weighting=args.weighting,
                                                connectivity=features, model=args.model,
+                                               windows=args.windows,
                                                weight_decay=args.weight_decay,
                                                batch_size=args.batch_size)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
-    notes = (f"Sites {', '.join(sites)} from {data}; "
-             f"{features + ' features; ' if features != default else ''}"
+    shape = (f"correlation windows of {spec.settings.windows} volumes every "
+             f"{spec.settings.window_step} (a test subject scores the mean of its windows)"
+             if spec.settings.windows else f"whole-series {features}")
+    notes = (f"Sites {', '.join(sites)} from {data}; features: {shape}; "
              f"{'model ' + args.model + '; ' if args.model != Settings().model else ''}"
              f"{f'weight decay {args.weight_decay:g}; ' if parts[2] else ''}"
              f"{spec.settings.optimizer.upper()} lr "

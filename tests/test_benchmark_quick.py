@@ -341,6 +341,9 @@ def test_stopping_rule_inner_data_hold_no_outer_test_subject(bench: Loader,
         rows = torch.cat([inner[name].train[0], inner[name].val[0], inner[name].test[0]])
         part = torch.cat([outer.train[0], outer.val[0]])
         assert rows.shape == part.shape
-        # every inner row is an outer training row; no outer test row appears
-        assert (torch.cdist(rows, outer.test[0]).min(dim=1).values > 0).all()
-        assert (torch.cdist(rows, part).min(dim=1).values == 0).all()
+        # every inner row is an outer training row; no outer test row appears (exact
+        # bytes: cdist's matrix-product path rounds near-equal rows to 0)
+        def keys(x: torch.Tensor) -> set[bytes]:
+            return {r.numpy().tobytes() for r in x}
+
+        assert keys(rows) <= keys(part) and not keys(rows) & keys(outer.test[0])

@@ -54,7 +54,7 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     assert [(r[0], r[1]) for r in body if r[0] != "combined"] == [
         ("optimiser", "SGD lr 3e-3"), ("optimiser", "Adam lr 1e-3"),
         ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
-        ("features", "whole series"), ("features", "per-site z")]
+        ("features", "whole series"), ("features", "windows 32 (step 16)")]
     for axis in ("optimiser", "stopping rule", "features"):
         assert sum("**chosen**" in r[-1] for r in body if r[0] == axis) == 1, body
     # the stopping rule is never chosen on validation (its round is chosen there)
@@ -67,7 +67,7 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     # the default is run once per group and shared by every axis: 3 settings x 2 groups
     assert sorted((c["group"], c["config"]) for c in cells) == sorted(
         (g, c) for g in "AB" for c in ("default",
-                                       "connectivity=correlation;harmonize=site_z;windows=0",
+                                       "connectivity=correlation;harmonize=none;windows=0",
                                        "lr=0.001;optimizer=adam"))
     with open(out / "table.csv", newline="", encoding="utf-8") as handle:
         table = list(csv.DictReader(handle))

@@ -29,9 +29,9 @@ def test_every_cell_is_read_and_one_batch_sites_are_named(bench, abide_release, 
                                                          tmp_path, capsys):
     out = tmp_path / "out"
     sites = "PITT,YALE"  # 16 subjects each in the test release
-    assert bench("local_steps").main(["--data-dir", str(abide_release), "--sites", sites,
-                                      "--folds", "2", "--seeds", "2", "--out", str(out),
-                                      "--tracking-uri", store]) == 0
+    argv = ["--data-dir", str(abide_release), "--sites", sites, "--folds", "2", "--seeds",
+            "2", "--tracking-uri", store]
+    assert bench("local_steps").main([*argv, "--windows", "0", "--out", str(out)]) == 0
     with open(out / "table.csv", newline="", encoding="utf-8") as handle:
         rows = {r["site"]: r for r in csv.DictReader(handle)}
     assert list(rows) == ["PITT", "YALE"]
@@ -42,3 +42,14 @@ def test_every_cell_is_read_and_one_batch_sites_are_named(bench, abide_release, 
         assert row["proximal_term_acts"] == "False"
     printed = capsys.readouterr().out
     assert "One step per round at every site in every cell: 2 of 2 sites" in printed
+    # the default windows: one example per window, several steps, an acting term
+    windowed = tmp_path / "windowed"
+    assert bench("local_steps").main([*argv, "--out", str(windowed)]) == 0
+    with open(windowed / "table.csv", newline="", encoding="utf-8") as handle:
+        rows = {r["site"]: r for r in csv.DictReader(handle)}
+    for row in rows.values():
+        assert int(row["train_min"]) > 32 and int(row["steps_min"]) >= 2
+        assert row["proximal_term_acts"] == "True"
+    printed = capsys.readouterr().out
+    assert "One step per round at every site in every cell: 0 of 2 sites" in printed
+    assert "training windows" in printed

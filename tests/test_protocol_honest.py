@@ -294,6 +294,28 @@ def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
         assert cell.scores == here[cell.strategy].scores
 
 
+def test_fixed_splits_window_the_cell_s_own_split(small_cohort: Path) -> None:
+    # On fixed splits (interval_design's "fixed splits" design) a cell's seed is not the
+    # seed its split was drawn with: its windows must be cut from the cell's split.
+    from fedbn_med.evaluation.cell_data import prepare_sites, with_features
+    from fedbn_med.evaluation.runner import run_comparison
+
+    sites = load_sites(["UCLA", "USM"])
+    drawn = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
+                             strategy="fedbn", windows=32, window_step=16, seed=0, rounds=2)
+    prepared = prepare_sites(drawn.replace(windows=0), sites)
+    other = with_features(drawn.replace(seed=1), prepared, sites)
+    for name in sites:
+        groups = other[name].data.test_groups
+        assert groups is not None
+        assert np.array_equal(np.unique(groups.numpy()), prepared[name].split.test)
+    fixed = run_comparison({"FedBN": drawn}, [0], [1], split_seed=0)
+    cell, = (c for c in fixed.cells if c.strategy == "FedBN")
+    for name, p in cell.predictions.items():
+        assert np.array_equal(p.index, prepared[name].split.test)
+        assert np.isfinite(p.prob).all()
+
+
 def test_a_method_that_transforms_features_gets_them_in_the_comparison(
         small_cohort: Path) -> None:
     # The comparison shares whole-series features between its methods; a baseline whose
@@ -303,7 +325,7 @@ def test_a_method_that_transforms_features_gets_them_in_the_comparison(
 
     sites = load_sites(["UCLA", "USM"])
     plain = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
-                             strategy="fedavg")
+                             strategy="fedavg", windows=0)
     prepared = prepare_sites(plain, sites)
     assert with_features(plain, prepared, sites) is prepared
     zspec = plain.replace(strategy="fedavg_sitez")

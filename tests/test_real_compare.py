@@ -125,7 +125,7 @@ def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, releas
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--publish"]
     assert real_compare.main([*argv, "--out", str(tmp_path / "t"), "--connectivity",
                               "tangent"]) == 0
-    assert "tangent features;" in capsys.readouterr().out
+    assert "features: whole-series tangent;" in capsys.readouterr().out
     key = "real_compare-real-PITT_YALE_KKI-tangent"
     assert sorted(p.name for p in published.iterdir()) == [key]
     meta = (published / key / "meta.json").read_text(encoding="utf-8")
@@ -154,3 +154,14 @@ def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, releas
     with pytest.raises(SystemExit):
         real_compare.main([*argv, "--out", str(tmp_path / "x"), "--batch-size", "1"])
     assert "--batch-size must be at least 2 (batch norm), got 1" in capsys.readouterr().err
+    # whole-series correlations (the default before windows): their own key
+    assert "features: correlation windows of 32 volumes every 16" in (
+        published / "real_compare-real-PITT_YALE_KKI" / "report.md").read_text(encoding="utf-8")
+    assert real_compare.main([*argv, "--out", str(tmp_path / "w"), "--windows", "0"]) == 0
+    assert "features: whole-series correlation;" in capsys.readouterr().out
+    whole = published / "real_compare-real-PITT_YALE_KKI-w0"
+    assert (whole / "table.csv").read_text(encoding="utf-8") not in (tangent, plain)
+    with pytest.raises(SystemExit):
+        real_compare.main([*argv, "--out", str(tmp_path / "x"), "--windows", "32",
+                           "--connectivity", "tangent"])
+    assert "--windows 32 cuts correlation windows" in capsys.readouterr().err

@@ -95,7 +95,7 @@ def test_a_site_fits_its_reference_on_its_training_split_only(small_cohort):
 
     site = load_sites(["UCLA"])["UCLA"]
     spec = RunSpec.for_task("abide", sites=("UCLA",), data_dir=small_cohort,
-                            connectivity="tangent")
+                            connectivity="tangent", windows=0)
     data = prepare_site_data(site, spec)
     plain = prepare_site_data(site, spec.replace(connectivity="correlation"))
     assert data.train[0].shape == plain.train[0].shape  # same subjects, same width
@@ -123,7 +123,7 @@ def test_a_given_split_is_what_the_feature_chain_fits_on(small_cohort):
 
     site = load_sites(["UCLA"])["UCLA"]
     spec = RunSpec.for_task("abide", sites=("UCLA",), data_dir=small_cohort,
-                            connectivity="tangent")
+                            connectivity="tangent", windows=0)
     data_dir, feats, outer = _load_split(site, spec)
     inner = nested_split(feats.labels, fold=spec.fold, inner_folds=2, inner_fold=1,
                          seed=repetition_split_seed(site.split_seed, spec.seed))

@@ -77,8 +77,9 @@ def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
     the reference rows share. A method whose strategy or settings transform them (per-site
     z, ComBat, FD regression, sliding windows, tangent space) gets its rows built as a run
     of it builds them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on
-    the training rows only), on the same split. ``sites``: their site files, loaded from ``sites/``
-    when omitted.
+    the training rows only), on the same split: each site's ``split``, which on fixed
+    splits (``run_comparison(..., split_seed=...)``) is not the spec's own repetition's.
+    ``sites``: their site files, loaded from ``sites/`` when omitted.
     """
     from fedbn_med.tasks.abide.build import has_feature_chain, prepare_site_data
 
@@ -88,6 +89,6 @@ def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
         from fedbn_med.tasks.abide.sites import load_sites
 
         sites = load_sites(list(prepared))
-    return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec))
+    return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec, p.split))
             for name, p in prepared.items()}
 

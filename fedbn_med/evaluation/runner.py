@@ -68,6 +68,11 @@ class _BestRoundKeeper:
             groups = s.data.test_groups
             if groups is not None:  # windows: a subject's P(ASD) is its windows' mean
                 of = groups.numpy()
+                lost = [int(i) for i in s.split.test if not (of == i).any()]
+                if lost:
+                    raise RuntimeError(f"Site {site}: test subject(s) {lost[:3]} have no row in "
+                                       "the site's test data, whose rows were built on "
+                                       "another split.")
                 prob = np.array([prob[of == i].mean() for i in s.split.test])
             self.predictions[site] = SitePredictions(s.split.test.copy(),
                                                      s.labels[s.split.test].copy(), prob)

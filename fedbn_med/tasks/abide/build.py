@@ -172,11 +172,12 @@ def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = N
     from fedbn_med.training.trainer import SiteData
 
     settings = config.settings
-    if split is not None and feature_transform(config) == "combat":
+    if split is not None and feature_transform(config) == "combat" and not _same_split(
+            split, _load_split(site, config)[2]):
         raise ValueError(
             f"Site '{site.name}' was given a split of its own, but ComBat fits on every "
-            "site's training rows of the run's fold, which that split does not say. Use "
-            "harmonize=none or site_z with a given split.")
+            "site's training rows of the run's own fold and repetition, and that split is "
+            "another. Use harmonize=none or site_z with a given split.")
     if has_feature_chain(config):
         rows = _harmonised(site, config, site_rows(site, config, split))
 
@@ -191,6 +192,10 @@ def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = N
                         **groups)
     _, feats, split = _load_split(site, config, split)
     return split_data(feats, split)
+
+
+def _same_split(a: Split, b: Split) -> bool:
+    return all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("train", "val", "test"))
 
 
 def split_data(feats: SiteFeatures, split: Split) -> SiteData:
