@@ -114,8 +114,9 @@ class Settings:
     threshold : str
         Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
         site's own threshold at which its training subjects are predicted positive as
-        often as they are (:func:`fedbn_med.training.objective.prior_threshold`). AUC
-        does not depend on it.
+        often as they are (:func:`fedbn_med.training.objective.prior_threshold`; the
+        default: ``benchmarks/threshold.py`` chose it on validation at the windowed
+        features). AUC does not depend on it.
     """
 
     task: ClassVar[str] = "abide"
@@ -127,7 +128,7 @@ class Settings:
     window_step: int = 16
     optimizer: str = "sgd"
     weight_decay: float = 0.0
-    threshold: str = "0.5"
+    threshold: str = "site_prior"
     model: str = "mlp"
 
     def __post_init__(self) -> None:
