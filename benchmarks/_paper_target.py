@@ -31,8 +31,8 @@ def one_class_results(comparison: Any, strategy: str) -> tuple[int, int, int]:
 
     A result is one (cell, site): the site's test subjects scored by that run at its
     best-validation round. It is one-class when every subject is predicted the same
-    class at P(ASD) >= 0.5 (the main job's default threshold); a result with a
-    non-finite probability (a diverged model) counts as no valid prediction instead.
+    class at its run's threshold (the site's own with the default ``site_prior``); a
+    result with a non-finite probability (a diverged model) counts as no valid prediction instead.
     Cells without recorded predictions count in none.
     """
     one = invalid = total = 0
@@ -47,7 +47,7 @@ def one_class_results(comparison: Any, strategy: str) -> tuple[int, int, int]:
             if not np.isfinite(prob).all():
                 invalid += 1
                 continue
-            predicted = prob >= 0.5
+            predicted = prob >= pred.threshold
             one += int(bool(predicted.all() or not predicted.any()))
     return one, invalid, total
 

@@ -143,7 +143,7 @@ def test_every_cell_has_its_runs_and_the_reference_rows(comparison: Comparison) 
 def test_predictions_are_the_selected_rounds_model(comparison: Comparison) -> None:
     for cell in comparison.cells:
         for site, p in cell.predictions.items():
-            scores = classification_metrics(p.labels, p.prob, 0.0)
+            scores = classification_metrics(p.labels, p.prob, 0.0, threshold=p.threshold)
             for metric in ("balanced_accuracy", "auc", "accuracy"):
                 assert scores[metric] == pytest.approx(cell.scores["best"][metric][site])
 
@@ -292,6 +292,23 @@ def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
     here = {c.strategy: c for c in comparison.cells if (c.fold, c.seed) == (1, 1)}
     for cell in alone.cells:
         assert cell.scores == here[cell.strategy].scores
+
+
+def test_kept_predictions_carry_the_threshold_the_run_scored_with(small_cohort: Path) -> None:
+    # threshold=site_prior (the default): each site predicts at its own threshold; the
+    # kept predictions, classified at it, give the cell's own test accuracy at every site
+    from fedbn_med.evaluation.cell_data import prepare_sites
+
+    sites = load_sites(["UCLA", "USM"])
+    spec = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
+                            strategy="fedbn", rounds=3, threshold="site_prior")
+    cell = run_cell(spec, "FedBN", prepare_sites(spec, sites), sites)
+    cuts = set()
+    for name, p in cell.predictions.items():
+        cuts.add(p.threshold)
+        accuracy = float(np.mean(p.predicted == (p.labels == 1)))
+        assert accuracy == pytest.approx(cell.scores["best"]["accuracy"][name], abs=1e-9)
+    assert cuts != {0.5}
 
 
 def test_fixed_splits_window_the_cell_s_own_split(small_cohort: Path) -> None:

@@ -65,7 +65,7 @@ def test_quick_run_on_other_sites(real_compare: ModuleType, release: Path, tmp_p
                    encoding="utf-8") as handle:
         per_cell = list(csv.DictReader(handle))
     assert set(per_cell[0]) == {"strategy", "fold", "seed", "site", "subject", "label",
-                                "prob_asd"}
+                                "prob_asd", "threshold"}
     pooled: dict[tuple[str, str, str], list[float]] = {}
     for r in per_cell:
         pooled.setdefault((r["strategy"], r["site"], r["subject"]), []).append(

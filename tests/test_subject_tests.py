@@ -39,7 +39,9 @@ def _comparison() -> Comparison:
                     idx = np.sort(order[site][fold::2])
                     prob = np.clip(0.5 + signal * (y[idx] - 0.5)
                                    + 0.2 * rng.standard_normal(idx.size), 0, 1)
-                    preds[site] = SitePredictions(idx, y[idx], prob)
+                    # each run's own threshold at each site, as with threshold=site_prior
+                    preds[site] = SitePredictions(idx, y[idx], prob,
+                                                  float(rng.uniform(0.35, 0.65)))
                 comparison.add(Cell(strategy, fold, seed, 1, 2, {}, preds))
     return comparison
 
@@ -56,8 +58,39 @@ def test_the_rows_rebuild_every_subject_level_figure() -> None:
         for site, (idx, y, prob, reps) in original.out_of_fold(strategy).items():
             r_idx, r_y, r_prob, r_reps = rebuilt.out_of_fold(strategy)[site]
             assert np.array_equal(idx, r_idx) and np.array_equal(y, r_y) and reps == r_reps
-            np.testing.assert_allclose(prob, r_prob, atol=1e-6)  # six decimals in the CSV
+            np.testing.assert_array_equal(prob, r_prob)  # full precision in the CSV
+    for a, b in zip(original.cells, rebuilt.cells):
+        assert {s: p.threshold for s, p in a.predictions.items()} == {
+            s: p.threshold for s, p in b.predictions.items()}
     assert rebuilt.subject_table(200) == original.subject_table(200)
+
+
+def test_accuracy_tests_predict_at_each_run_s_threshold() -> None:
+    original = _comparison()
+    at_half = _rows(original)
+    for row in at_half:
+        del row["threshold"]  # a file from before thresholds were recorded: 0.5
+    half = comparison_from_predictions(at_half, ("PITT", "YALE"))
+    assert {p.threshold for c in half.cells for p in c.predictions.values()} == {0.5}
+    own, plain = original.subject_tests("FedBN", "FedAvg"), half.subject_tests("FedBN",
+                                                                               "FedAvg")
+    assert own is not None and plain is not None
+    # AUC does not depend on thresholds; the accuracy tests do
+    assert own["delong_auc_diff"] == plain["delong_auc_diff"]
+    assert own["bootstrap_auc_diff"] == plain["bootstrap_auc_diff"]
+    assert (own["mcnemar_a_only"], own["mcnemar_b_only"], own["bootstrap_bal_acc_diff"]) != (
+        plain["mcnemar_a_only"], plain["mcnemar_b_only"], plain["bootstrap_bal_acc_diff"])
+    # every subject predicted at its run's threshold: one below 0.5 but above a threshold
+    # of 0.3 counts as ASD
+    c = Comparison(sites=("PITT",), n_folds=2)
+    y = np.array([1, 0, 1, 0])
+    for strategy, cut in (("FedBN", 0.3), ("FedAvg", 0.5)):
+        for fold, idx in ((0, np.array([0, 1])), (1, np.array([2, 3]))):
+            c.add(Cell(strategy, fold, 0, 1, 2, {}, {"PITT": SitePredictions(
+                idx, y[idx], np.array([0.4, 0.2]), cut)}))
+    tests = c.subject_tests("FedBN", "FedAvg", n_boot=100)
+    assert tests is not None
+    assert (tests["mcnemar_a_only"], tests["mcnemar_b_only"]) == (2, 0)
 
 
 def test_sites_that_are_not_the_rows_are_named() -> None:
@@ -79,7 +112,11 @@ def test_a_csv_reader_gives_the_files_own_line() -> None:
     (lambda rows: rows[1].pop("label"), r"row 3: expected strategy, fold, seed"),
     (lambda rows: rows[1].update(fold="x"), r"row 3: expected strategy"),
     (lambda rows: rows[1].update(label="2"),
-     r"row 3: label must be 0 or 1 and prob_asd in \[0, 1\]"),
+     r"row 3: label must be 0 or 1, prob_asd and threshold in \[0, 1\]"),
+    (lambda rows: rows[1].update(threshold="1.5"), r"row 3: label must be 0 or 1"),
+    (lambda rows: rows[1].update(threshold="0.123"),
+     r"row 3: threshold 0.123 differs from 0.\d+ of the same run \(FedBN, fold 0, seed 0\) "
+     r"at site PITT"),
     (lambda rows: rows[1].update(prob_asd="nan"), r"row 3: label must be 0 or 1"),
     (lambda rows: rows[1].update(subject=rows[0]["subject"], label=rows[0]["label"]),
      r"row 3: subject \d+ of site PITT is listed twice for FedBN, fold 0, seed 0"),

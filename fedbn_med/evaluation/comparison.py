@@ -150,11 +150,22 @@ def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float
 
 @dataclass(frozen=True, eq=False)
 class SitePredictions:
-    """One site's test predictions in one run: subject index (in the site), label, P(ASD)."""
+    """One site's test predictions in one run: subject index (in the site), label, P(ASD).
+
+    ``threshold`` is where that run turned a P(ASD) into a predicted ASD at that site
+    (0.5, or the site's own with ``threshold=site_prior``): the subject-level tests of
+    accuracy and balanced accuracy predict with it.
+    """
 
     index: np.ndarray
     labels: np.ndarray
     prob: np.ndarray
+    threshold: float = 0.5
+
+    @property
+    def predicted(self) -> np.ndarray:
+        """Return the predicted classes (bool, ASD True) at the run's threshold."""
+        return np.asarray(self.prob) >= self.threshold
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,21 @@ def pooled_predictions(comparison: Comparison, strategy: str, at: str = "best"
         ``{site: (subject index, label, P(ASD) averaged over repetitions, repetitions)}``
         over the subjects that were tested; empty when the cells kept no predictions.
     """
+    return {site: (index, y, prob, reps)
+            for site, (index, y, prob, _, reps) in _pooled(comparison, strategy, at).items()}
+
+
+def _pooled(comparison: Comparison, strategy: str, at: str = "best"
+            ) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]]:
+    """Return :func:`pooled_predictions` with each subject's mean threshold beside P(ASD).
+
+    A pooled subject is predicted ASD when its mean P(ASD) is at least the mean of the
+    thresholds its runs predicted with (0.5 throughout unless ``threshold=site_prior``).
+    """
     if at != "best":
         raise ValueError(f"Predictions are kept at the best round only, got at={at!r}.")
     sums: dict[str, dict[int, list[float]]] = {}
+    cuts: dict[str, dict[int, list[float]]] = {}
     labels: dict[str, dict[int, int]] = {}
     for c in comparison.cells:
         if c.strategy != strategy:
@@ -55,6 +67,7 @@ def pooled_predictions(comparison: Comparison, strategy: str, at: str = "best"
         for site, p in c.predictions.items():
             for i, y, q in zip(p.index.tolist(), p.labels.tolist(), p.prob.tolist()):
                 sums.setdefault(site, {}).setdefault(i, []).append(q)
+                cuts.setdefault(site, {}).setdefault(i, []).append(float(p.threshold))
                 labels.setdefault(site, {})[i] = y
     out = {}
     for site in comparison.sites:
@@ -63,8 +76,9 @@ def pooled_predictions(comparison: Comparison, strategy: str, at: str = "best"
         index = np.array(sorted(sums[site]), dtype=np.int64)
         y = np.array([labels[site][i] for i in index], dtype=np.int64)
         prob = np.array([np.mean(sums[site][i]) for i in index])
+        cut = np.array([np.mean(cuts[site][i]) for i in index])
         reps = min(len(v) for v in sums[site].values())
-        out[site] = (index, y, prob, reps)
+        out[site] = (index, y, prob, cut, reps)
     return out
 
 
@@ -72,8 +86,11 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
                   ) -> dict[str, float] | None:
     """Return the subject-level paired tests of a against b, or None without predictions.
 
-    McNemar on correctness (threshold 0.5) takes each subject's out-of-fold P(ASD)
-    averaged over the repetitions (one prediction per subject).
+    McNemar on correctness takes each subject's out-of-fold P(ASD) averaged over the
+    repetitions (one prediction per subject), predicted ASD at and above the mean of the
+    thresholds its runs predicted with (each run's own: 0.5, or the site's with
+    ``threshold=site_prior``); the balanced accuracy bootstrap predicts each run's
+    subjects at that run's threshold.
 
     The AUC tests rank a subject only against subjects of its own site *and test fold*:
     a site's pooled predictions come from one model per fold, and scores of different
@@ -92,23 +109,23 @@ def subject_tests(comparison: Comparison, a: str, b: str, *, n_boot: int = 2000
     repetitions of the site-mean balanced accuracy difference of each repetition's
     pooled out-of-fold predictions, on the same resamples.
     """
-    oa, ob = pooled_predictions(comparison, a), pooled_predictions(comparison, b)
+    oa, ob = _pooled(comparison, a), _pooled(comparison, b)
     sites = [s for s in oa if s in ob and np.array_equal(oa[s][0], ob[s][0])]
     if not sites:
         return None
     y = np.concatenate([oa[s][1] for s in sites])
-    pa = np.concatenate([oa[s][2] for s in sites])
-    pb = np.concatenate([ob[s][2] for s in sites])
+    pa = np.concatenate([oa[s][2] >= oa[s][3] for s in sites])
+    pb = np.concatenate([ob[s][2] >= ob[s][3] for s in sites])
     strata = np.concatenate([[s] * len(oa[s][0]) for s in sites])
     truth = y == 1
-    mc = mcnemar((pa >= 0.5) == truth, (pb >= 0.5) == truth)
+    mc = mcnemar(pa == truth, pb == truth)
     index = {s: oa[s][0] for s in sites}
-    prob_a, prob_b, fold = _by_repetition(comparison, a, b, index)
+    prob_a, prob_b, fold, cut_a, cut_b = _by_repetition(comparison, a, b, index)
     tested = fold >= 0
     dl = _repeated_delong(y, prob_a, prob_b, strata, fold)
     dl_low, dl_high = dl.interval()
-    bal, bal_low, bal_high = bootstrap_repeated_difference(y, prob_a >= 0.5, prob_b >= 0.5,
-                                                           strata, tested, n_boot=n_boot)
+    bal, bal_low, bal_high = bootstrap_repeated_difference(
+        y, prob_a >= cut_a, prob_b >= cut_b, strata, tested, n_boot=n_boot)
     auc, auc_low, auc_high = bootstrap_fold_auc_difference(y, prob_a, prob_b, strata, fold,
                                                            n_boot=n_boot)
     return {"subjects": float(y.size), "mcnemar_a_only": float(mc.a_only),
@@ -144,10 +161,11 @@ def _repeated_delong(y: np.ndarray, prob_a: np.ndarray, prob_b: np.ndarray,
 
 
 def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, np.ndarray]
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return (P(ASD) of a, P(ASD) of b, test fold): ``(repetitions, subjects)`` over ``index``.
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Return P(ASD) of a and b, the test fold, and a's and b's thresholds.
 
-    The fold is -1 where a repetition did not test a subject with both methods.
+    Each is ``(repetitions, subjects)`` over ``index``. The fold is -1 where a repetition
+    did not test a subject with both methods.
 
     Raises
     ------
@@ -161,6 +179,7 @@ def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, n
         offsets[site] = (start, {int(i): k for k, i in enumerate(idx.tolist())})
         start += idx.size
     prob = np.zeros((2, len(seeds), start))
+    cut = np.full((2, len(seeds), start), 0.5)
     fold = np.full((2, len(seeds), start), -1, dtype=np.int64)
     for c in comparison.cells:
         if c.strategy not in (a, b) or c.seed not in seeds:
@@ -174,6 +193,7 @@ def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, n
             cols = base + np.array([where[int(i)] for i in p.index], dtype=np.int64)
             for k in which:
                 prob[k, rep, cols] = p.prob
+                cut[k, rep, cols] = p.threshold
                 fold[k, rep, cols] = c.fold
     both = (fold[0] >= 0) & (fold[1] >= 0)
     clash = np.argwhere(both & (fold[0] != fold[1]))
@@ -186,17 +206,18 @@ def _by_repetition(comparison: Comparison, a: str, b: str, index: Mapping[str, n
             f"'{a}' and '{b}' tested subject {subject} of site {site} in different folds "
             f"of repetition (seed) {seeds[rep]}: fold {fold[0, rep, col]} and fold "
             f"{fold[1, rep, col]}. Their cells must share each (fold, seed) split.")
-    return prob[0], prob[1], np.where(both, fold[0], -1)
+    return prob[0], prob[1], np.where(both, fold[0], -1), cut[0], cut[1]
 
 
 def prediction_rows(comparison: Comparison) -> list[dict[str, object]]:
     """Return one row per (strategy, site, subject): the pooled out-of-fold prediction."""
     out: list[dict[str, object]] = []
     for strategy in comparison.strategies:
-        for site, (index, y, prob, reps) in pooled_predictions(comparison, strategy).items():
+        for site, (index, y, prob, cut, reps) in _pooled(comparison, strategy).items():
             out += [{"strategy": strategy, "site": site, "subject": int(i),
-                     "label": int(t), "prob_asd": round(float(p), 6), "repetitions": reps}
-                    for i, t, p in zip(index, y, prob)]
+                     "label": int(t), "prob_asd": float(p), "threshold": float(h),
+                     "repetitions": reps}
+                    for i, t, p, h in zip(index, y, prob, cut)]
     return out
 
 
@@ -205,10 +226,13 @@ def cell_prediction_rows(comparison: Comparison) -> list[dict[str, object]]:
 
     The predictions every subject-level test is computed from, before pooling: with them
     a test can be recomputed (or a new one run) without training again. Rows follow the
-    comparison's cells in order; a cell without recorded predictions adds none.
+    comparison's cells in order; a cell without recorded predictions adds none. Each row
+    has the run's threshold at that site; numbers keep full precision (a rounded
+    P(ASD) next to its threshold can change the predicted class).
     """
     return [{"strategy": c.strategy, "fold": c.fold, "seed": c.seed, "site": site,
-             "subject": int(i), "label": int(t), "prob_asd": round(float(p), 6)}
+             "subject": int(i), "label": int(t), "prob_asd": float(p),
+             "threshold": float(pred.threshold)}
             for c in comparison.cells
             for site, pred in c.predictions.items()
             for i, t, p in zip(pred.index, pred.labels, pred.prob)]
@@ -230,12 +254,15 @@ def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
     ValueError
         Naming ``source`` and the row (a csv reader's own line), for a missing field, a
         number that does not parse, a label other than 0/1 or that differs between runs, a
-        probability outside [0, 1] or a subject listed twice in one cell; and when
-        ``sites`` are not the rows' sites.
+        probability outside [0, 1] or a subject listed twice in one cell, a threshold
+        outside [0, 1] or two in one run at one site; and when ``sites`` are not the
+        rows' sites. Rows without a ``threshold`` (files published before it was
+        recorded) were predicted at 0.5.
     """
     from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
 
     per_cell: dict[tuple[str, int, int], dict[str, dict[int, tuple[int, float]]]] = {}
+    cuts: dict[tuple[str, int, int, str], float] = {}
     order: list[str] = []
     truth: dict[tuple[str, int], int] = {}
     for count, row in enumerate(rows, start=2):  # line 1 of a file is its header
@@ -244,12 +271,18 @@ def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
             key = (str(row["strategy"]), int(str(row["fold"])), int(str(row["seed"])))
             site, subject = str(row["site"]), int(str(row["subject"]))
             label, prob = int(str(row["label"])), float(str(row["prob_asd"]))
+            cut = float(str(row.get("threshold") or 0.5))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source}, row {n}: expected strategy, fold, seed, site, "
                              f"subject, label and prob_asd ({err})") from None
-        if label not in (0, 1) or not 0.0 <= prob <= 1.0:
-            raise ValueError(f"{source}, row {n}: label must be 0 or 1 and prob_asd in "
-                             f"[0, 1], got {label} and {prob}")
+        if label not in (0, 1) or not 0.0 <= prob <= 1.0 or not 0.0 <= cut <= 1.0:
+            raise ValueError(f"{source}, row {n}: label must be 0 or 1, prob_asd and "
+                             f"threshold in [0, 1], got {label}, {prob} and {cut}")
+        run = (key[0], key[1], key[2], site)
+        if cuts.setdefault(run, cut) != cut:
+            raise ValueError(f"{source}, row {n}: threshold {cut} differs from "
+                             f"{cuts[run]} of the same run ({key[0]}, fold "
+                             f"{key[1]}, seed {key[2]}) at site {site}")
         cell = per_cell.setdefault(key, {}).setdefault(site, {})
         if subject in cell:
             raise ValueError(f"{source}, row {n}: subject {subject} of site {site} is "
@@ -270,6 +303,6 @@ def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
             index = np.array(sorted(subjects), dtype=np.int64)
             preds[site] = SitePredictions(
                 index, np.array([subjects[i][0] for i in index], dtype=np.int64),
-                np.array([subjects[i][1] for i in index]))
+                np.array([subjects[i][1] for i in index]), cuts[(strategy, fold, seed, site)])
         comparison.add(Cell(strategy, fold, seed, 0, 0, {}, preds))
     return comparison

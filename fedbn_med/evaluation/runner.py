@@ -74,8 +74,12 @@ class _BestRoundKeeper:
                                        "the site's test data, whose rows were built on "
                                        "another split.")
                 prob = np.array([prob[of == i].mean() for i in s.split.test])
+            decide = getattr(trainer.objective, "decision_threshold", None)
+            threshold = 0.5 if decide is None else float(
+                decide(trainer.model, s.data, trainer.device))
             self.predictions[site] = SitePredictions(s.split.test.copy(),
-                                                     s.labels[s.split.test].copy(), prob)
+                                                     s.labels[s.split.test].copy(), prob,
+                                                     threshold)
 
 
 def run_cell(spec: RunSpec, label: str | None = None,

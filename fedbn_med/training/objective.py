@@ -234,14 +234,17 @@ class BinaryClassification(Objective):
         """Return the mean cross-entropy of the logits."""
         return nn.functional.cross_entropy(output, target)
 
+    def decision_threshold(self, model: nn.Module, data: Any, device: torch.device) -> float:
+        """Return the P(ASD) at and above which ``model`` predicts ASD at this site."""
+        return prior_threshold(model, data, device) if self.threshold == "site_prior" else 0.5
+
     def score(self, model: nn.Module, data: Any, split: str, device: torch.device
               ) -> dict[str, float]:
         """Return the split's metrics, per subject when it has groups."""
         x, y = getattr(data, split)
         if x.shape[0] == 0:
             return {}
-        threshold = prior_threshold(model, data, device) if self.threshold == "site_prior" \
-            else 0.5
+        threshold = self.decision_threshold(model, data, device)
         return binary_scores(model, x, y, device, getattr(data, f"{split}_groups"),
                              majority=_train_majority(data), threshold=threshold)
 
