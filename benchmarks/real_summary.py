@@ -324,16 +324,28 @@ def _pp(value: object, signed: bool = False) -> str:
                                                else f"{100 * v:.1f}")
 
 
-def describe_key(key: str) -> tuple[str, str]:
+def describe_key(key: str, folder: Path | None = None) -> tuple[str, str]:
     """Return (sites, features and model) of a published comparison's key.
 
-    The key's variant parts (``real_compare.py``'s): ``tangent``, ``linear``, ``wd<W>``
-    and ``b<B>``, e.g. ``...-tangent-linear-wd100`` is "tangent, linear wd 100".
+    The key's variant parts (``real_compare.py``'s): ``tangent``, ``linear``, ``wd<W>``,
+    ``b<B>`` and ``w0``, e.g. ``...-tangent-linear-wd100`` is "tangent, linear wd 100".
+    Correlation features are windowed where the comparison's ``report.md`` (in
+    ``folder``, default the published results) says so: the default's key names no
+    features, and the default changed from whole series to windows on 2026-12-04.
     """
     name = key.removeprefix("real_compare-real-")
     sites, _, rest = name.partition("-")
     parts = f"-{rest}-" if rest else "-"
     features = "tangent" if "-tangent-" in parts else "correlation"
+    if features == "correlation" and "-w0-" not in parts:
+        try:
+            report = ((folder or PUBLISHED_DIR) / key / "report.md").read_text(
+                encoding="utf-8")
+        except OSError:
+            report = ""
+        if found := re.search(r"features: correlation windows of (\d+) volumes every (\d+)",
+                              report):
+            features = f"windows {found[1]}/{found[2]}"
     words = f"{features}, {'linear' if '-linear-' in parts else 'MLP'}"
     if found := re.search(r"-wd([0-9.]+(?:e[+-]?[0-9]+)?)-", parts):  # 1e-05 holds a "-"
         words += f" wd {found[1]}"
@@ -342,7 +354,8 @@ def describe_key(key: str) -> tuple[str, str]:
     return sites, words
 
 
-_VARIANTS = ("correlation, MLP", "tangent, MLP", "tangent, linear wd 100")
+_VARIANTS = ("windows 32/16, MLP", "correlation, MLP", "tangent, MLP",
+             "tangent, linear wd 100")
 _SHARED = re.compile(r"shared sites (?P<sites>[A-Z0-9_, ]+)$")
 
 
@@ -366,7 +379,7 @@ def _sites(key: str, folder: Path | None = None) -> str:
 def ordered(keys: Sequence[str], folder: Path | None = None) -> list[str]:
     """Return keys by federation (fewest sites first, PITT's group first), then features."""
     def order(key: str) -> tuple[int, int, str, int]:
-        sites, variant = site_list(key, folder), describe_key(key)[1]
+        sites, variant = site_list(key, folder), describe_key(key, folder)[1]
         rank = _VARIANTS.index(variant) if variant in _VARIANTS else len(_VARIANTS)
         return len(sites), 0 if sites[0] == "PITT" else 1, ",".join(sites), rank
     return sorted(keys, key=order)

@@ -329,5 +329,18 @@ def test_the_baseline_count_keeps_identical_methods_and_missing_intervals_apart(
      ("PITT_YALE", "correlation, linear wd 1e-05, batch 8")),
 ])
 def test_every_variant_of_a_key_is_described(power: ModuleType, key: str,
-                                             described: tuple[str, str]) -> None:
-    assert power.describe_key(key) == described
+                                             described: tuple[str, str], tmp_path: Path) -> None:
+    assert power.describe_key(key, tmp_path) == described
+
+
+def test_windowed_features_are_read_from_the_report(power: ModuleType, tmp_path: Path
+                                                    ) -> None:
+    key = "real_compare-real-PITT_YALE"
+    (tmp_path / key).mkdir()
+    (tmp_path / key / "report.md").write_text(
+        "Sites PITT, YALE from DATA_DIR; features: correlation windows of 32 volumes every "
+        "16 (a test subject scores the mean of its windows); SGD lr 0.003.\n")
+    assert power.describe_key(key, tmp_path) == ("PITT_YALE", "windows 32/16, MLP")
+    (tmp_path / f"{key}-w0").mkdir()
+    (tmp_path / f"{key}-w0" / "report.md").write_text("features: whole-series correlation;\n")
+    assert power.describe_key(f"{key}-w0", tmp_path) == ("PITT_YALE", "correlation, MLP")
