@@ -294,14 +294,17 @@ def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
         assert cell.scores == here[cell.strategy].scores
 
 
-def test_kept_predictions_carry_the_threshold_the_run_scored_with(small_cohort: Path) -> None:
+@pytest.mark.parametrize("strategy", ["fedbn", "fedavg_localbn"])
+def test_kept_predictions_carry_the_threshold_the_run_scored_with(small_cohort: Path,
+                                                                  strategy: str) -> None:
     # threshold=site_prior (the default): each site predicts at its own threshold; the
     # kept predictions, classified at it, give the cell's own test accuracy at every site
+    # (fedavg_localbn: with the site's own BN statistics, as it is scored)
     from fedbn_med.evaluation.cell_data import prepare_sites
 
     sites = load_sites(["UCLA", "USM"])
     spec = RunSpec.for_task("abide", data_dir=small_cohort, sites=("UCLA", "USM"),
-                            strategy="fedbn", rounds=3, threshold="site_prior")
+                            strategy=strategy, rounds=3, threshold="site_prior")
     cell = run_cell(spec, "FedBN", prepare_sites(spec, sites), sites)
     cuts = set()
     for name, p in cell.predictions.items():

@@ -75,8 +75,9 @@ class _BestRoundKeeper:
                                        "another split.")
                 prob = np.array([prob[of == i].mean() for i in s.split.test])
             decide = getattr(trainer.objective, "decision_threshold", None)
-            threshold = 0.5 if decide is None else float(
-                decide(trainer.model, s.data, trainer.device))
+            with trainer.scoring_bn():  # the BN statistics the site scored with
+                threshold = 0.5 if decide is None else float(
+                    decide(trainer.model, s.data, trainer.device))
             self.predictions[site] = SitePredictions(s.split.test.copy(),
                                                      s.labels[s.split.test].copy(), prob,
                                                      threshold)

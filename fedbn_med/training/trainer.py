@@ -369,29 +369,29 @@ class SiteTrainer:
         """Hold BN statistics re-estimated on the site's training data (put back after)."""
         return site_bn_statistics(self.model, self._bn_inputs(), self.device)
 
+    def scoring_bn(self) -> AbstractContextManager[None]:
+        """Return the BN statistics the site scores with: its own under ``fedavg_localbn``."""
+        return self.site_bn_statistics() if self.strategy.site_bn_at_score else nullcontext()
+
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Return the probability of the positive class for each example."""
-        self.model.eval()
-        out = []
-        for start in range(0, x.shape[0], 512):
-            logits = self.model(x[start:start + 512].to(self.device))
-            out.append(torch.softmax(logits, dim=1)[:, 1].cpu())
+        """Return the probability of the positive class for each example, as scored."""
+        with self.scoring_bn():
+            self.model.eval()
+            out = [torch.softmax(self.model(x[s:s + 512].to(self.device)), dim=1)[:, 1].cpu()
+                   for s in range(0, x.shape[0], 512)]
         return torch.cat(out) if out else torch.empty(0)
 
     def score(self, data: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Load the given global weights and score the validation and test splits.
 
-        Each split is scored by the objective, its metrics prefixed ``val_`` or
-        ``test_`` (for ABIDE :data:`fedbn_med.evaluation.metrics.METRIC_NAMES`, among
-        them ``test_n``, ``test_positive_rate`` and ``test_majority_rate``). Under
-        ``fedavg_localbn`` the BN statistics are first re-estimated on this site's
-        training data (:meth:`site_bn_statistics`) and put back after.
+        Each split is scored by the objective, its metrics prefixed ``val_`` or ``test_``
+        (ABIDE: :data:`fedbn_med.evaluation.metrics.METRIC_NAMES`), with the BN
+        statistics of :meth:`scoring_bn` (under ``fedavg_localbn`` the site's own).
         """
         self.load_shared(data or {})
         metrics: dict[str, float] = {}
-        with (self.site_bn_statistics() if self.strategy.site_bn_at_score
-              else nullcontext()):
+        with self.scoring_bn():
             self.model.eval()
             for split in ("val", "test"):
                 with torch.no_grad(), self._autocast():
