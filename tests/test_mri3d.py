@@ -103,7 +103,8 @@ def test_fedbn_keeps_batchnorm3d_home_and_scores_dice_per_class(federation) -> N
         for split in ("val", "test"):
             dice = [metrics[f"{split}_dice_{c}"] for c in ("csf", "gm", "wm")]
             assert all(0.0 <= d <= 1.0 for d in dice), (site, dice)
-            assert metrics[f"{split}_dice"] == pytest.approx(np.mean(dice))
+            # each figure recorded at the precision a site sends it (fl.release.bounded)
+            assert metrics[f"{split}_dice"] == pytest.approx(np.mean(dice), abs=1e-4)
             assert np.isfinite(metrics[f"{split}_loss"])
 
 

@@ -19,8 +19,8 @@ back from the scores. A site therefore scores only models it can account for:
   for the very weights it last scored (a server resumed after a crash that lost the
   reply), it sends the same scores again: nothing new leaves the site;
 - at most ``max_scores_per_run`` scores per federation (its site file, default 500);
-- at bounded precision (:data:`SCORE_DECIMALS` decimals, losses capped at
-  :data:`MAX_LOSS`);
+- at bounded precision (:data:`~fedbn_med.fl.release.SCORE_DECIMALS` decimals, losses capped
+  at :data:`~fedbn_med.fl.release.MAX_LOSS`; the in-process engine records the same);
 - under client-level DP, not at all: the DP budget covers the updates, not the scores.
 
 Its DP spending is kept across federations (:class:`~fedbn_med.fl.privacy.PrivacyLedger`,
@@ -31,7 +31,6 @@ file's ``dp_epsilon_max`` is refused.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
 from fedbn_med.fl.partition import select
 from fedbn_med.fl.privacy import PrivacyLedger
+from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded
 from fedbn_med.fl.rounds import plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls
 from fedbn_med.tasks import get_task
@@ -52,10 +52,6 @@ from fedbn_med.training.trainer import SiteTrainer
 
 __all__ = ["MAX_LOSS", "SCORE_DECIMALS", "SiteRuntime", "app", "bounded"]
 
-#: Decimals a score or a training loss leaves the site with.
-SCORE_DECIMALS = 4
-#: The largest loss a site reports; above it, the value says only "at least this".
-MAX_LOSS = 100.0
 #: Trained rounds a site's state file remembers (a restarted site may score their models).
 _KEEP_TRAINED = 16
 
@@ -220,17 +216,6 @@ class SiteRuntime:
         """Write this federation's DP releases to the site's ledger."""
         if self.ledger is not None and self.trainer.privacy is not None:
             self.ledger.record(self.federation_id, self.trainer.dp_history)
-
-
-def bounded(metrics: dict[str, float]) -> dict[str, float]:
-    """Return scores as they leave a site: rounded, losses capped at :data:`MAX_LOSS`."""
-    out = {}
-    for key, value in metrics.items():
-        value = float(value)
-        if key.endswith("loss") and math.isfinite(value):
-            value = min(value, MAX_LOSS)
-        out[key] = round(value, SCORE_DECIMALS) if math.isfinite(value) else value
-    return out
 
 
 def _count(meta: dict[str, object], key: str, path: Path) -> int:

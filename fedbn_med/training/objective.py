@@ -10,7 +10,7 @@ tensor data with two logits per row (ABIDE: control or ASD); the imaging tasks' 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -88,6 +88,12 @@ class Objective:
               ) -> dict[str, float]:
         """Return the metrics of ``model`` on a split (``{}`` when the split is empty)."""
         raise NotImplementedError
+
+    def score_splits(self, model: nn.Module, data: Any, splits: Sequence[str],
+                     device: torch.device) -> dict[str, float]:
+        """Return the metrics of every split, each prefixed with its name (``val_loss``)."""
+        return {f"{split}_{k}": v for split in splits
+                for k, v in self.score(model, data, split, device).items()}
 
 
 @torch.no_grad()
@@ -241,10 +247,25 @@ class BinaryClassification(Objective):
     def score(self, model: nn.Module, data: Any, split: str, device: torch.device
               ) -> dict[str, float]:
         """Return the split's metrics, per subject when it has groups."""
+        threshold = self.decision_threshold(model, data, device)
+        return self._scores(model, data, split, device, threshold)
+
+    def score_splits(self, model: nn.Module, data: Any, splits: Sequence[str],
+                     device: torch.device) -> dict[str, float]:
+        """Return every split's metrics, at the one threshold the model has at this site.
+
+        The site-prior threshold costs a pass over the training split; it is computed once
+        for all the splits (it depends on the model and the training split only).
+        """
+        threshold = self.decision_threshold(model, data, device)
+        return {f"{split}_{k}": v for split in splits
+                for k, v in self._scores(model, data, split, device, threshold).items()}
+
+    def _scores(self, model: nn.Module, data: Any, split: str, device: torch.device,
+                threshold: float) -> dict[str, float]:
         x, y = getattr(data, split)
         if x.shape[0] == 0:
             return {}
-        threshold = self.decision_threshold(model, data, device)
         return binary_scores(model, x, y, device, getattr(data, f"{split}_groups"),
                              majority=_train_majority(data), threshold=threshold)
 

@@ -390,11 +390,8 @@ class SiteTrainer:
         statistics of :meth:`scoring_bn` (under ``fedavg_localbn`` the site's own).
         """
         self.load_shared(data or {})
-        metrics: dict[str, float] = {}
         with self.scoring_bn():
             self.model.eval()
-            for split in ("val", "test"):
-                with torch.no_grad(), self._autocast():
-                    scores = self.objective.score(self.model, self.data, split, self.device)
-                metrics.update({f"{split}_{k}": v for k, v in scores.items()})
-        return metrics
+            with torch.no_grad(), self._autocast():
+                return self.objective.score_splits(self.model, self.data, ("val", "test"),
+                                                   self.device)
