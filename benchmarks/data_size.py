@@ -1,7 +1,8 @@
 """Local data size: FedBN against SingleSet with 100, 50, 20, 10, 5 and 1 % of training data.
 
-Each site keeps a stratified random share of its own training split (at least 2
-examples, one per class when it can); validation and test splits stay whole. Every
+Each site keeps a stratified random share of its own training subjects (at least 2, one
+per class when it can; with sliding windows, every window of a kept subject); validation
+and test splits stay whole. Every
 setting trains for the same number of rounds, so smaller shares also take fewer steps.
 
     python benchmarks/data_size.py [--quick] [--fractions 1,0.5,0.2,0.1,0.05,0.01]
@@ -14,6 +15,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 # isort: split
 import argparse
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,24 +59,38 @@ def _fractions(text: str) -> tuple[float, ...]:
 
 
 def subsample(data: SiteData, fraction: float, seed: int) -> SiteData:
-    """Return the site's data with a stratified share of its training split.
+    """Return the site's data with a stratified share of its training subjects.
 
-    Keeps ``max(2, round(fraction * n))`` training examples, stratified by label when every
-    class can be represented, else a plain random draw; ``fraction == 1`` keeps all.
+    Keeps ``max(2, round(fraction * n))`` of the site's ``n`` training subjects, stratified
+    by label when every class can be represented, else a plain random draw; ``fraction ==
+    1`` keeps all. A subject keeps all its rows: with sliding windows
+    (``data.train_groups``) every window of a kept subject, none of the others. Validation
+    and test stay whole, scored per subject as in the full run.
     """
     x, y = data.train
-    n = int(y.shape[0])
+    rows = int(y.shape[0])
+    groups = data.train_groups if data.train_groups is not None else torch.arange(rows)
+    subjects, first = np.unique(groups.numpy(), return_index=True)
+    labels = y.numpy()[first]  # a subject's windows share its label
+    n = int(subjects.size)
     keep = min(n, max(MIN_EXAMPLES, round(fraction * n)))
     if keep == n:
         return data
-    labels = y.numpy()
     counts = np.unique(labels, return_counts=True)[1]
     # train_test_split stratifies only if each class fits in both parts.
     stratify = labels if (counts.min() >= 2 and min(keep, n - keep) >= counts.size) else None
-    idx, _ = train_test_split(np.arange(n), train_size=keep, stratify=stratify,
-                              random_state=seed)
-    index = torch.as_tensor(np.sort(idx))
-    return SiteData(train=(x[index], y[index]), val=data.val, test=data.test)
+    chosen, _ = train_test_split(subjects, train_size=keep, stratify=stratify,
+                                 random_state=seed)
+    index = torch.as_tensor(np.flatnonzero(np.isin(groups.numpy(), chosen)))
+    return replace(data, train=(x[index], y[index]),
+                   train_groups=None if data.train_groups is None else groups[index])
+
+
+def n_subjects(data: SiteData) -> int:
+    """Return how many subjects the site's training rows come from."""
+    if data.train_groups is None:
+        return data.num_train
+    return int(torch.unique(data.train_groups).numel())
 
 
 def _subsampled(datas: Mapping[str, SiteData], fraction: float, seed: int, fold: int
@@ -109,15 +125,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return strategy_config(bench, strategy, fold=fold, seed=seed)
 
     comparisons = sweep(bench, fractions, STRATEGIES, spec, data=data, sites=sites)
-    # training examples of each site in each (fraction, fold, seed)
-    n_train = {key: {site: d.num_train for site, d in datas.items()}
+    # training subjects of each site in each (fraction, fold, seed)
+    n_train = {key: {site: n_subjects(d) for site, d in datas.items()}
                for key, datas in shares.items()}
     labels = [LABELS[s] for s in STRATEGIES]
 
     def acc(strategy: str, fraction: float) -> dict[tuple[int, int], float]:
         return comparisons[fraction].values(strategy, "best", METRIC)
 
-    header = ["data (%)", f"train examples ({'/'.join(sites)})",
+    header = ["data (%)", f"train subjects ({'/'.join(sites)})",
               *[f"{label} (%)" for label in labels], "FedBN - SingleSet (pp)"]
     body = [[f"{100 * f:g}",
              "/".join(str(round(np.mean([n_train[f, fold, seed][s]

@@ -13,6 +13,7 @@ import csv
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,24 @@ def test_subsample_is_stratified_and_keeps_two_examples(bench):
     assert torch.equal(data.train[1][rows], tiny.train[1])
     lone = subsample(_site_data([0] * 9 + [1]), 0.2, seed=0)  # one positive: no stratify
     assert lone.num_train == 2
+
+
+def test_subsample_draws_subjects_with_all_their_windows(bench):
+    # 20 subjects (8 ASD), 3 to 5 windows each, as sliding windows give
+    mod = bench("data_size")
+    per = [3 + s % 3 for s in range(20)]
+    groups = torch.repeat_interleave(torch.arange(20), torch.tensor(per))
+    labels = [int(s < 8) for s in range(20) for _ in range(per[s])]
+    data = replace(_site_data(labels), train_groups=groups,
+                   val_groups=torch.arange(2), test_groups=torch.arange(2))
+    half = mod.subsample(data, 0.5, seed=3)
+    kept = torch.unique(half.train_groups)
+    assert mod.n_subjects(half) == kept.numel() == 10 and mod.n_subjects(data) == 20
+    # every window of a kept subject, none of another's; stratified by subject: 4 ASD
+    assert half.num_train == sum(per[int(s)] for s in kept)
+    assert torch.equal(half.train_groups, groups[torch.isin(groups, kept)])
+    assert int((kept < 8).sum()) == 4
+    assert half.val_groups is data.val_groups and half.test_groups is data.test_groups
 
 
 def test_rounds_to_target_counts_first_smoothed_round(bench):

@@ -133,4 +133,6 @@ def test_paper_pipeline_trains_on_windows_and_scores_subjects(small_cohort):
     assert windowed.num_train > plain.num_train  # several windows per training subject
     assert windowed.test_groups is not None
     assert len(torch.unique(windowed.test_groups)) == plain.test[0].shape[0]
+    assert windowed.train_groups is not None and plain.train_groups is None
+    assert len(torch.unique(windowed.train_groups)) == plain.num_train
     np.testing.assert_allclose(windowed.train[0].mean(0).numpy(), 0, atol=1e-4)

@@ -37,7 +37,9 @@ class SiteData:
 
     ``val_groups`` and ``test_groups``, when given, hold for each row the index of the
     subject it belongs to (several rows per subject, e.g. sliding windows): a subject is
-    then scored once, by the mean of its rows' predicted probabilities.
+    then scored once, by the mean of its rows' predicted probabilities. ``train_groups``
+    does the same for the training rows (training does not use it; a benchmark that
+    draws a share of a site's subjects does).
     """
 
     train: tuple[torch.Tensor, torch.Tensor]
@@ -45,6 +47,7 @@ class SiteData:
     test: tuple[torch.Tensor, torch.Tensor]
     val_groups: torch.Tensor | None = None
     test_groups: torch.Tensor | None = None
+    train_groups: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

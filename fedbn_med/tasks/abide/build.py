@@ -186,7 +186,8 @@ def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = N
             return (torch.tensor(np.asarray(x), dtype=torch.float32),
                     torch.tensor(np.asarray(y), dtype=torch.int64))
 
-        groups = ({f"{k}_groups": torch.as_tensor(rows[k][2]) for k in ("val", "test")}
+        splits = ("train", "val", "test")
+        groups = ({f"{k}_groups": torch.as_tensor(rows[k][2]) for k in splits}
                   if settings.windows else {})
         return SiteData(train=tensors("train"), val=tensors("val"), test=tensors("test"),
                         **groups)
