@@ -13,7 +13,8 @@ the real features).
 A row equal to the pinned row shows the two paths round the same; one that differs
 shows how far a run moves on last-bit differences alone, which is what a machine whose
 libraries chose another path would do without the pin. Each run's fingerprint is a
-digest of its whole validation-loss curve (every site, every round, every bit).
+digest of its recorded validation-loss curve (every site, every round, at the 4
+decimals a site records) and of its final shared weights, every bit.
 
 ``--against FILE`` compares each row with the same code path's row in another machine's
 ``table.csv`` (``benchmarks/reference/`` keeps one from an AMD AVX2 machine): the same
@@ -41,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from _common import markdown_table
 from default_run import add_options, checked_folds, default_spec
@@ -99,9 +101,11 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
         mean = {k: sum(float(result.selected[s][f"test_{k}"]) for s in spec.sites)
                 / len(spec.sites) for k in ("accuracy", "balanced_accuracy", "auc")}
         curve = [val[r] for r in sorted(val)]
+        weights = weights_digest(history.global_weights)
         out.append({"fold": fold, "selected_round": result.selected_round,
                     "last_round": result.last_round, **mean, "val_loss": curve,
-                    "val_loss_sha256": fingerprint(curve)})
+                    "weights_sha256": weights,
+                    "val_loss_sha256": fingerprint(curve, weights)})
     hashed = hashlib.sha256()
     if args.data_dir is None:  # the cohort this process wrote (FEDBN_MED_DATA is its own)
         from fedbn_med.paths import resolve_data_dir
@@ -126,11 +130,22 @@ def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
     return {"numerics": describe(), "data_sha256": digest, "folds": out}
 
 
-def fingerprint(val_loss: Sequence[Mapping[str, float]]) -> str:
-    """Return a digest (12 hex digits) of a run's validation losses, every bit of them."""
+def weights_digest(weights: Mapping[str, Any]) -> str:
+    """Return a digest (12 hex digits) of a run's final shared weights, every bit of them."""
+    hashed = hashlib.sha256()
+    for key in sorted(weights):
+        hashed.update(key.encode())
+        hashed.update(weights[key].detach().cpu().contiguous().numpy().tobytes())
+    return hashed.hexdigest()[:12]
+
+
+def fingerprint(val_loss: Sequence[Mapping[str, float]], weights: str = "") -> str:
+    """Return a digest (12 hex digits) of a run: its recorded validation losses (as the
+    sites record them, :func:`fedbn_med.fl.release.bounded`) and its final weights'
+    digest (:func:`weights_digest`, every bit: the whole run shows in them)."""
     exact = [{site: float(loss).hex() for site, loss in sorted(row.items())}
              for row in val_loss]
-    return hashlib.sha256(json.dumps(exact).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps([exact, weights]).encode()).hexdigest()[:12]
 
 
 def read_against(path: Path) -> dict[tuple[str, int], dict[str, str]]:
@@ -174,7 +189,8 @@ def read_against(path: Path) -> dict[tuple[str, int], dict[str, str]]:
 def same_as(row: Mapping[str, object], other: Mapping[str, str] | None) -> str:
     """Say whether ``other`` (a checked row of another machine) matches ``row``.
 
-    Rows with fingerprints compare those (the whole validation-loss curve); otherwise the
+    Rows with fingerprints compare those (the recorded validation-loss curve and, since
+    2026-12-05, the final weights' every bit); otherwise the
     selected round and the three site-mean figures, every bit (a weaker match: different
     curves can end in equal figures).
     """
@@ -263,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         mkl = found["MKL_CBWR"] or "unset"
         for ref, got in zip(pinned, result["folds"]):
             first = _first_difference(ref["val_loss"], got["val_loss"])
+            same_weights = got["weights_sha256"] == ref["weights_sha256"]
             row = {"path": label, "cpu_model": cpu, "torch_capability": capability,
                    "mkl_cbwr": mkl,
                    "npy_disable_cpu_features": found["NPY_DISABLE_CPU_FEATURES"] or "unset",
@@ -272,13 +289,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "accuracy": got["accuracy"],
                    "balanced_accuracy": got["balanced_accuracy"], "auc": got["auc"],
                    "first_difference_round": first if first is not None else "",
+                   "weights_sha256": got["weights_sha256"],
+                   "same_final_weights": same_weights,
                    "val_loss_sha256": got["val_loss_sha256"],
                    "data_sha256": result["data_sha256"]}
             line = [label, f"{capability} / {mkl}", got["fold"],
                     f"{got['selected_round']} of {got['last_round']}",
                     _pct(got["accuracy"]), _pct(got["balanced_accuracy"]),
                     _pct(got["auc"]), "identical" if first is None else f"round {first}",
-                    got["val_loss_sha256"]]
+                    "identical" if same_weights else "differ", got["val_loss_sha256"]]
             if against is not None:
                 row["same_as_against"] = same_as(row, against.get((label, got["fold"])))
                 line.append(row["same_as_against"])
@@ -286,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             body.append(line)
     header = ["code path", "torch kernels / MKL_CBWR", "fold", "selected round",
               "mean acc (%)", "mean bal. acc (%)", "mean AUC (%)",
-              "validation loss first differs from pinned", "fingerprint"]
+              "recorded validation loss first differs from pinned",
+              "final weights against pinned", "fingerprint"]
     if against is not None:
         header.append(f"against {other}")
     table = markdown_table(header, body)
@@ -301,16 +321,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = ("built-in cohort" if args.data_dir is None
             else f"real ABIDE, sites {', '.join(spec.sites)}")
     others = [r for r in rows if r["path"] != PINNED_PATH]
-    moved = [r for r in others if r["first_difference_round"] != ""]
+    moved = [r for r in others
+             if r["first_difference_round"] != "" or not r["same_final_weights"]]
     by_fold = {r["fold"]: r for r in rows if r["path"] == PINNED_PATH}
     figures = sum(1 for r in moved if any(r[k] != by_fold[r["fold"]][k] for k in _SAME))
-    summary = (f"On {cpu}: runs whose validation losses differ from the pinned run's: "
+    summary = (f"On {cpu}: runs whose final weights or recorded validation losses differ "
+               f"from the pinned run's: "
                f"{len(moved)} of {len(others)} (code path, fold) cells; of those, {figures} "
                f"changed the selected round or a site-mean figure. Each path ran in its own "
                f"process; {spec.label}, "
                f"{spec.rounds} rounds, seed {spec.seed}, {data}; test split at each run's "
-               f"selected round (lowest mean validation loss). Fingerprint: sha256 of the "
-               f"run's validation losses (first 12 hex digits).")
+               f"selected round (lowest mean validation loss). Validation losses are "
+               f"recorded as a site sends them (4 decimals), so a last-bit difference "
+               f"shows first in the final weights (every bit). Fingerprint: sha256 of the "
+               f"run's recorded validation losses and final weights (first 12 hex digits).")
     if against is not None:
         compared = [r for r in rows if r["same_as_against"] != "no such row"]
         same = [r for r in compared if r["same_as_against"] != "differs"]

@@ -171,6 +171,22 @@ def test_the_fingerprint_sees_the_last_bit_and_nothing_else() -> None:
     assert len(bench.fingerprint(curve)) == 12
 
 
+def test_the_final_weights_carry_the_last_bit_the_rounded_losses_hide() -> None:
+    import torch
+
+    bench = _numerics_benchmark()
+    weights = {"net.0.weight": torch.linspace(-1, 1, 12).reshape(3, 4),
+               "net.0.bias": torch.zeros(3)}
+    nudged = dict(weights, **{"net.0.bias": torch.nextafter(torch.zeros(3), torch.ones(3))})
+    reordered = {k: weights[k] for k in reversed(list(weights))}
+    digest = bench.weights_digest(weights)
+    assert digest == bench.weights_digest(reordered) and len(digest) == 12
+    assert digest != bench.weights_digest(nudged)
+    curve = [{"A": 0.6931, "B": 0.5}]  # as recorded: 4 decimals, a last bit does not show
+    other = bench.weights_digest(nudged)
+    assert bench.fingerprint(curve, digest) != bench.fingerprint(curve, other)
+
+
 def test_against_compares_fingerprints_or_every_bit_of_the_figures(tmp_path: Path) -> None:
     bench = _numerics_benchmark()
     row = {"selected_round": 81, "accuracy": 0.6262515262515262,
@@ -248,5 +264,6 @@ def test_the_benchmark_compares_its_runs_with_another_machines_table(
     assert len(rows) == 1 and rows[0].endswith("| differs |")  # another fingerprint
     fingerprint = rows[0].split("|")[-3].strip()
     assert len(fingerprint) == 12 and fingerprint != "000000000000"
+    assert rows[0].split("|")[-4].strip() == "identical"  # its final weights: pinned's own
     assert "| MKL: AVX2 branch (Intel CPUs only) | AVX2 / AVX2 | 0 |" in out
     assert "no such row" in out and "0 of 1 runs agree" in out
