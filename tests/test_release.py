@@ -25,6 +25,6 @@ def test_in_process_records_figures_as_sites_send_them(small_cohort, strategy: s
                    data_dir=small_cohort, device="cpu")
     history = build_federation(spec).run()
     figures = [(k, v) for row in history.rows for k, v in row.items()
-               if k.endswith(("loss", "acc", "auc")) and isinstance(v, float)]
+               if k.endswith(("loss", "accuracy", "auc")) and isinstance(v, float)]
     assert figures
     assert all(v == round(v, SCORE_DECIMALS) for _, v in figures if math.isfinite(v)), figures

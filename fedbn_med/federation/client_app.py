@@ -43,7 +43,7 @@ from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
 from fedbn_med.fl.partition import select
 from fedbn_med.fl.privacy import PrivacyLedger
-from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded
+from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
 from fedbn_med.fl.rounds import plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls
 from fedbn_med.tasks import get_task
@@ -342,9 +342,8 @@ def train(msg: Message, context: Context) -> Message:
     rt.record_release()
     rt.trained.add(rnd)
     digest = rt.save(rnd)
-    if "train_loss" in fit:  # a score of the model it trained from, in training mode
-        fit["train_loss"] = bounded({"train_loss": fit["train_loss"]})["train_loss"]
-    sections["metrics"] = _numbers({"num-examples": n, **fit, "setups": rt.setups})
+    sections["metrics"] = _numbers({"num-examples": n, **bounded_fit(fit),
+                                    "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
                    reply_to=msg)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-__all__ = ["MAX_LOSS", "SCORE_DECIMALS", "bounded"]
+__all__ = ["MAX_LOSS", "SCORE_DECIMALS", "bounded", "bounded_fit"]
 
 #: Decimals a score or a training loss leaves the site with.
 SCORE_DECIMALS = 4
@@ -33,4 +33,16 @@ def bounded(metrics: Mapping[str, float]) -> dict[str, float]:
         if key.endswith("loss") and math.isfinite(value):
             value = min(value, MAX_LOSS)
         out[key] = round(value, SCORE_DECIMALS) if math.isfinite(value) else value
+    return out
+
+
+def bounded_fit(fit: Mapping[str, float]) -> dict[str, float]:
+    """Return a round's training metrics as they leave a site: its training loss bounded.
+
+    The training loss is a score of the model the site trained from (in training mode);
+    the other entries (example counts, DP figures) are sent as they are.
+    """
+    out = dict(fit)
+    if "train_loss" in out:
+        out.update(bounded({"train_loss": out["train_loss"]}))
     return out

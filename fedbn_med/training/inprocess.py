@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedbn_med.fl.release import bounded
+from fedbn_med.fl.release import bounded, bounded_fit
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import zero_controls
 from fedbn_med.fl.strategies import Strategy
@@ -150,15 +150,14 @@ def run_in_process(
             global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
             for site, trainer in trainers.items():
                 round_metrics[site] = {"num_examples": trainer.data.num_train,
-                                       **bounded({"train_loss": fit["train_loss"]})}
+                                       "train_loss": bounded_fit(fit)["train_loss"]}
         else:
             replies = []
             for site, trainer in trainers.items():
                 weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
                                               *((control,) if control else ()))
                 replies.append(Reply(site, weights, n, fit, trainer.control_delta))
-                loss = {k: v for k, v in fit.items() if k == "train_loss"}
-                round_metrics[site] = {"num_examples": n, **fit, **bounded(loss)}
+                round_metrics[site] = {"num_examples": n, **bounded_fit(fit)}
             outcome = close_round(strategy, global_weights, replies, private, control=control,
                                   n_sites=len(trainers), weighting=weighting,
                                   norm_reference=norm_reference)

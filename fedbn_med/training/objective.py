@@ -247,8 +247,10 @@ class BinaryClassification(Objective):
     def score(self, model: nn.Module, data: Any, split: str, device: torch.device
               ) -> dict[str, float]:
         """Return the split's metrics, per subject when it has groups."""
-        threshold = self.decision_threshold(model, data, device)
-        return self._scores(model, data, split, device, threshold)
+        if getattr(data, split)[0].shape[0] == 0:
+            return {}  # nothing to score: no pass over the training split for a threshold
+        return self._scores(model, data, split, device,
+                            self.decision_threshold(model, data, device))
 
     def score_splits(self, model: nn.Module, data: Any, splits: Sequence[str],
                      device: torch.device) -> dict[str, float]:
