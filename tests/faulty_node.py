@@ -8,7 +8,10 @@ turn a fault on. Faults:
 - ``lies``: trains honestly, then reports ``num-examples`` of ``inf`` in round 1, ``-5``
   in round 2, and in round 3 a metric name MLflow refuses;
 - ``silent-train``: tells the server who it is, then never answers a training message;
-- ``mute``: never answers any message (a node that registered and went quiet).
+- ``mute``: never answers any message (a node that registered and went quiet);
+- ``head-only``: says who it is, then answers training and evaluation with a reply whose
+  head reaches the SuperLink and whose contents never do, as when a site's link dies in
+  the middle of its upload (those replies' contents are never read).
 
 Each message it gets is logged as ``faulty node got a <type> message``.
 """
@@ -19,6 +22,9 @@ import logging
 import sys
 import threading
 
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from fedbn_med.federation import _flwr_compat as flwr_compat
 from fedbn_med.federation import client_app
 from fedbn_med.federation.node import main
 from fedbn_med.federation.records import RECORD
@@ -26,6 +32,7 @@ from fedbn_med.federation.records import RECORD
 logger = logging.getLogger("faulty_node")
 _LIES = {1: ("metrics/num-examples", float("inf")), 2: ("metrics/num-examples", -5.0),
          3: ("metrics/bad metric!", 1.0)}
+_CUT = threading.Event()
 
 
 def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
@@ -34,6 +41,10 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
         logger.warning("faulty node got a %s message", kind)
         if fault == "mute" or (fault == "silent-train" and kind == "train"):
             threading.Event().wait()  # never answers; the node's heartbeats go on
+        if fault == "head-only" and kind in ("train", "evaluate"):
+            _CUT.set()  # this reply's upload stops after its head
+            return Message(RecordDict({"never-sent": ConfigRecord({"x": 1})}),
+                           reply_to=message)
         reply = honest(message=message, context=context)
         if fault == "lies" and kind == "train":
             record = reply.content.config_records[RECORD]
@@ -50,5 +61,15 @@ if __name__ == "__main__":
         from keyed import preload_task  # this file's folder, tests/, is on sys.path
 
         preload_task()
+    if sys.argv[1] == "head-only":
+        _push = flwr_compat.push_object_contents_from_iterable
+
+        def _push_unless_cut(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if _CUT.is_set():  # the head went; the contents never go
+                _CUT.clear()
+                return None
+            return _push(*args, **kwargs)
+
+        flwr_compat.push_object_contents_from_iterable = _push_unless_cut
     client_app.app = _faulty(sys.argv[1], client_app.app)
     main(sys.argv[2:])

@@ -45,7 +45,7 @@ NAMES = {
         "make_push_object_fn_protobuf"],
     "flwr.supercore.inflatable.inflatable_utils": [
         "ObjectPullError", "inflate_object_from_contents", "pull_and_inflate_object_from_tree",
-        "pull_objects", "push_object_contents_from_iterable"],
+        "ObjectUnavailableError", "push_object_contents_from_iterable"],
     "flwr.supercore.interceptors.http.runtime_version": ["RuntimeVersionHttpInterceptor"],
     "flwr.supercore.primitives.asymmetric": ["generate_key_pairs", "public_key_to_bytes"],
     "flwr.supercore.retry.retry_invoker": ["RetryInvoker", "exponential"],
@@ -67,8 +67,6 @@ SIGNATURES = {
     "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree":
         ["object_tree", "pull_object_fn", "confirm_object_received_fn", "return_type",
          "initial_backoff", "backoff_cap"],
-    "flwr.supercore.inflatable.inflatable_utils:pull_objects":
-        ["object_ids", "pull_object_fn", "initial_backoff", "backoff_cap"],
     "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable":
         ["object_contents", "push_object_fn"],
     "flwr.supercore.inflatable.inflatable_utils:inflate_object_from_contents":

@@ -12,7 +12,8 @@ and only this module does:
   authentication), ``RetryInvoker``, ``HeartbeatSender``, the protobuf messages and serde
   functions, and the object (de)inflation helpers. It never ends the process, never
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
-- :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, with our back-off.
+- :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, without its waits: a
+  reply whose contents are still coming is handed back, to be asked again.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
   :data:`RunNotRunning`, :func:`set_message_id`.
 
@@ -29,13 +30,15 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import httpx
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
-    "fused_run_config", "pull_replies", "set_message_id",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "InTransit", "NodeForgotten",
+    "RunNotRunning", "fused_run_config", "pull_replies", "set_message_id", "unavailable_reply",
 ]
 
 FLWR_VERSION = "1.42.0"
@@ -103,9 +106,9 @@ try:  # every internal in one place: a missing one names itself here, at import
     )
     from flwr.supercore.inflatable.inflatable_utils import (
         ObjectPullError,
+        ObjectUnavailableError,
         inflate_object_from_contents,
         pull_and_inflate_object_from_tree,
-        pull_objects,
         push_object_contents_from_iterable,
     )
     from flwr.supercore.interceptors.http.runtime_version import (
@@ -126,6 +129,9 @@ RunNotRunning = RunNotRunningException
 
 CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 """Error code of a reply whose ClientApp raised."""
+
+#: the most objects of one reply pulled at once
+_MAX_PULLS = 8
 
 # Transient failures that a call retries until its deadline (the same set flwr retries).
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -329,52 +335,101 @@ class FleetSession:
                 ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted), push)
 
 
-def pull_replies(grid: Any, message_ids: Iterable[str], initial_backoff: float = 0.01,
-                 backoff_cap: float = 0.2) -> list[Message]:
-    """Pull the replies to ``message_ids`` that have arrived, as ``grid.pull_messages``.
+@dataclass
+class InTransit:
+    """A reply whose head the SuperLink gave, and whose contents are still coming."""
 
-    flwr 1.42's ``HttpGrid`` downloads a reply's contents with a 1 s first back-off (10 s
-    cap) when the reply is visible before its contents are uploaded, which costs a
-    second per round. This makes the same calls on the grid's own connection with a
-    short back-off, and answers the same way when contents stay unavailable (an error
-    reply) or the payload is too large (no replies). A grid of another kind
-    (simulation) is asked the ordinary way.
+    head: Any  # the reply's head (protobuf)
+    tree: Any  # its object tree
+    contents: dict[str, bytes] = field(default_factory=dict)  # the objects pulled so far
+
+    @property
+    def reply_to(self) -> str:
+        """Return the ID of the message this replies to."""
+        return str(self.head.metadata.reply_to_message_id)
+
+
+def pull_replies(grid: Any, message_ids: Iterable[str], in_transit: Iterable[InTransit] = ()
+                 ) -> tuple[list[Message], list[InTransit]]:
+    """Pull the replies to ``message_ids`` that have arrived, without waiting for any.
+
+    Returns the whole replies, and those whose contents are not all uploaded yet: pass
+    these back as ``in_transit`` at the next call, which pulls what has come of them since
+    (each object once). A reply whose head arrived is never awaited here: flwr's own
+    ``HttpGrid.pull_messages`` retries its contents for up to 500 times with a 1 s first
+    back-off, so that a site whose link died between its reply's head and contents held
+    the round for about 100 s, past its timeout, and kept every other reply waiting
+    behind it. The caller decides how long to wait (:func:`unavailable_reply` once it
+    stops). A reply whose contents the SuperLink does not have is an error reply, and
+    a payload too large for the SuperLink gives no replies, as in flwr. A grid of
+    another kind (simulation) is asked the ordinary way.
     """
     message_ids = list(message_ids)
     if not isinstance(grid, HttpGrid):
-        return list(grid.pull_messages(message_ids))
+        return list(grid.pull_messages(message_ids)), list(in_transit)
     client = grid._runtime_client  # noqa: SLF001 - the grid's own connection
-    run_id = grid.run.run_id
-    try:
-        response = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
-    except httpx.HTTPStatusError as err:
-        if err.response.status_code == 413:
-            return []
-        raise
-    replies: list[Message] = []
-    for head, tree in zip(response.messages_list, response.message_object_trees, strict=True):
-        message_id = head.metadata.message_id
+    waiting = list(in_transit)
+    if message_ids:
         try:
-            contents = pull_objects(
-                [t.object_id for t in iterate_object_tree(tree)],
-                make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id),
-                initial_backoff=initial_backoff, backoff_cap=backoff_cap)
+            response = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
+        except httpx.HTTPStatusError as err:
+            if err.response.status_code != 413:
+                raise
+        else:
+            waiting += [InTransit(head, tree) for head, tree in
+                        zip(response.messages_list, response.message_object_trees, strict=True)]
+    replies: list[Message] = []
+    still: list[InTransit] = []
+    for item in waiting:
+        try:
+            message = _pull_contents(grid, item)
         except ObjectPullError as err:
-            replies.append(_unavailable(grid, run_id, head.metadata.reply_to_message_id, err))
+            replies.append(unavailable_reply(grid, item, str(err)))
             continue
-        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
-            node=grid.node, run_id=run_id, message_object_id=message_id))
-        message = cast(Message, inflate_object_from_contents(message_id, contents))
-        set_message_id(message, message_id)
-        replies.append(message)
-    return replies
+        if message is None:
+            still.append(item)
+        else:
+            replies.append(message)
+    return replies, still
 
 
-def _unavailable(grid: Any, run_id: int, reply_to: str, err: Exception) -> Message:
-    node_id = grid.node.node_id
+def _pull_contents(grid: Any, item: InTransit) -> Message | None:
+    """Pull what is missing of a reply; return it whole, or None while objects are missing."""
+    client = grid._runtime_client  # noqa: SLF001
+    run_id = grid.run.run_id
+    pull = make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id)
+    missing = [t.object_id for t in iterate_object_tree(item.tree)
+               if t.object_id not in item.contents]
+
+    def fetch(object_id: str) -> None:
+        try:
+            item.contents[object_id] = pull(object_id)
+        except ObjectUnavailableError:
+            pass  # not uploaded yet: asked again at the next call
+
+    if len(missing) == 1:
+        fetch(missing[0])
+    elif missing:
+        with ThreadPoolExecutor(min(_MAX_PULLS, len(missing))) as pool:
+            list(pool.map(fetch, missing))
+    if any(t.object_id not in item.contents for t in iterate_object_tree(item.tree)):
+        return None
+    message_id = item.head.metadata.message_id
+    client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
+        node=grid.node, run_id=run_id, message_object_id=message_id))
+    message = cast(Message, inflate_object_from_contents(message_id, item.contents))
+    set_message_id(message, message_id)
+    return message
+
+
+def unavailable_reply(grid: Any, item: InTransit, why: str) -> Message:
+    """Return an error reply, from the site that sent ``item``, saying its contents failed."""
+    run_id = grid.run.run_id
     return make_message(
-        metadata=Metadata(run_id=run_id, message_id="", src_node_id=node_id,
-                          dst_node_id=node_id, message_type=SYSTEM_MESSAGE_TYPE, group_id="",
-                          ttl=0, reply_to_message_id=reply_to, created_at=time.time()),
+        metadata=Metadata(run_id=run_id, message_id="",
+                          src_node_id=int(item.head.metadata.src_node_id),
+                          dst_node_id=grid.node.node_id, message_type=SYSTEM_MESSAGE_TYPE,
+                          group_id="", ttl=0, reply_to_message_id=item.reply_to,
+                          created_at=time.time()),
         error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
-                    reason=f"Reply message objects are unavailable: {err}"))
+                    reason=f"the reply's contents are unavailable: {why}"))

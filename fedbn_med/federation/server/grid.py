@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedbn_med.federation._flwr_compat import pull_replies
+from fedbn_med.federation._flwr_compat import InTransit, pull_replies, unavailable_reply
 from fedbn_med.federation.pacing import Pacer
 
 __all__ = ["FastGrid"]
@@ -21,9 +21,11 @@ class FastGrid:
     round whose compute takes a fraction of a second. Here a :class:`Pacer` per message
     type learns when replies came in earlier rounds: the first ask comes shortly before
     the first reply is due, then asks come every ``poll`` seconds while replies are
-    expected, backing off to ``max_poll`` when they are late. Replies are downloaded
-    with a short back-off (:func:`fedbn_med.federation._flwr_compat.pull_replies`), not
-    flwr's 1 s first wait when a reply shows before its contents.
+    expected, backing off to ``max_poll`` when they are late. A reply that shows before
+    its contents are uploaded is asked for again at the next poll with the others
+    (:func:`fedbn_med.federation._flwr_compat.pull_replies`), not awaited on its own with
+    flwr's 1 s first back-off; one whose contents have not all come by the deadline is an
+    error reply of its site.
     """
 
     def __init__(self, grid: Grid, poll: float = 0.02, max_poll: float = 0.2) -> None:
@@ -51,17 +53,22 @@ class FastGrid:
         pending = {i for i in self.grid.push_messages(messages) if i}
         pacer.start()
         replies: list[Message] = []
-        while pending and time.monotonic() < deadline:
+        in_transit: list[InTransit] = []  # heads come, contents still uploading
+        while (pending or in_transit) and time.monotonic() < deadline:
             asked_at = time.monotonic()
-            got = pull_replies(self.grid, pending)
+            got, in_transit = pull_replies(self.grid, pending, in_transit)
             replies.extend(got)
             pending -= {m.metadata.reply_to_message_id for m in got}
+            pending -= {item.reply_to for item in in_transit}
             if got and len(replies) == len(got):
                 pacer.arrived(asked_at)  # learn when the first reply comes
                 pacer.expect_more()
-            if got and until is not None and until(replies):
+            if got and until is not None and not in_transit and until(replies):
                 break
-            if pending:
+            if pending or in_transit:
                 pacer.sleep()
+        # the deadline: a reply whose contents have not all come is a failure of its site
+        replies.extend(unavailable_reply(self.grid, item, f"not all uploaded within {timeout:g} s")
+                       for item in in_transit)
         self.empty_polls = sum(p.empty_total for p in self.pacers.values())
         return replies

@@ -231,7 +231,7 @@ class FederationServer:
             if reply.has_error():
                 reason = error_reason(reply)
                 logger.error("Round %d: site %s failed: %s", rnd, site, reason)
-                got.refused[site] = f"it failed: {reason}"
+                self._refuse(rnd, site, f"it failed: {reason}", got)
                 continue
             try:
                 read = read_train(reply.content, site, self.scores)
