@@ -9,9 +9,10 @@ turn a fault on. Faults:
   in round 2, and in round 3 a metric name MLflow refuses;
 - ``silent-train``: tells the server who it is, then never answers a training message;
 - ``mute``: never answers any message (a node that registered and went quiet);
-- ``head-only``: says who it is, then answers training and evaluation with a reply whose
-  head reaches the SuperLink and whose contents never do, as when a site's link dies in
-  the middle of its upload (those replies' contents are never read).
+- ``hostile-upload``: says who it is, then answers training round 1 and every evaluation
+  with a reply whose head reaches the SuperLink and whose contents never do (as when a
+  site's link dies in the middle of its upload); round 2 with a reply of three times the
+  model's bytes, all uploaded; round 3 with a reply whose head names thousands of objects.
 
 Each message it gets is logged as ``faulty node got a <type> message``.
 """
@@ -22,7 +23,8 @@ import logging
 import sys
 import threading
 
-from flwr.app import ConfigRecord, Message, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 
 from fedbn_med.federation import _flwr_compat as flwr_compat
 from fedbn_med.federation import client_app
@@ -41,10 +43,8 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
         logger.warning("faulty node got a %s message", kind)
         if fault == "mute" or (fault == "silent-train" and kind == "train"):
             threading.Event().wait()  # never answers; the node's heartbeats go on
-        if fault == "head-only" and kind in ("train", "evaluate"):
-            _CUT.set()  # this reply's upload stops after its head
-            return Message(RecordDict({"never-sent": ConfigRecord({"x": 1})}),
-                           reply_to=message)
+        if fault == "hostile-upload" and kind in ("train", "evaluate"):
+            return _hostile(message, kind)
         reply = honest(message=message, context=context)
         if fault == "lies" and kind == "train":
             record = reply.content.config_records[RECORD]
@@ -56,12 +56,26 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
     return app
 
 
+def _hostile(message: Message, kind: str) -> Message:
+    rnd = int(message.content.config_records[RECORD]["config/round"]) if kind == "train" else 0
+    arrays = [a for record in message.content.array_records.values() for a in record.values()]
+    if rnd == 2:  # bloated: 1 MiB arrays, three times the model's bytes and 2 MiB more
+        size = 3 * sum(len(a.data) for a in arrays) + (2 << 20)
+        content = {f"a{i}": Array(np.full(1 << 18, i, dtype=np.float32))
+                   for i in range(-(-size // (1 << 20)))}
+    else:  # round 3: more objects than the model's weights and controls could need
+        _CUT.set()  # this reply's upload stops after its head
+        count = 4 * len(arrays) + 300 if rnd == 3 else 1
+        content = {f"a{i}": Array(np.full(1, i, dtype=np.float32)) for i in range(count)}
+    return Message(RecordDict({"hostile": ArrayRecord(content)}), reply_to=message)
+
+
 if __name__ == "__main__":
     if sys.argv[1] != "mute":  # a mute node never loads its data
         from keyed import preload_task  # this file's folder, tests/, is on sys.path
 
         preload_task()
-    if sys.argv[1] == "head-only":
+    if sys.argv[1] == "hostile-upload":
         _push = flwr_compat.push_object_contents_from_iterable
 
         def _push_unless_cut(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202

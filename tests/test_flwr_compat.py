@@ -22,7 +22,8 @@ NAMES = {
     "flwr.app": ["Error", "Message", "Metadata"],
     "flwr.app.message": ["make_message", "remove_content_from_message"],
     "flwr.common.config": ["get_fused_config_from_fab"],
-    "flwr.common.constant": ["HEARTBEAT_DEFAULT_INTERVAL", "MAX_RETRY_DELAY", "ErrorCode"],
+    "flwr.common.constant": ["HEARTBEAT_DEFAULT_INTERVAL", "MAX_RETRY_DELAY", "ErrorCode",
+                             "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE"],
     "flwr.common.serde": ["fab_from_proto", "message_from_proto", "message_to_proto",
                           "run_from_proto"],
     "flwr.proto.fab_pb2": ["GetFabRequest"],
@@ -224,7 +225,8 @@ def test_a_session_with_no_server_fails_with_a_connection_error():
 
 
 def test_no_flwr_internals_outside_the_door():
-    # Public flwr surface only, everywhere but _flwr_compat.
+    # Public flwr surface only, everywhere but the door: _flwr_compat and its server side,
+    # _flwr_replies (which imports _flwr_compat, and so its version check, first).
     import pathlib
     import re
 
@@ -232,11 +234,22 @@ def test_no_flwr_internals_outside_the_door():
     root = pathlib.Path(compat.__file__).resolve().parents[1]
     offenders = []
     for path in root.rglob("*.py"):
-        if path.name == "_flwr_compat.py":
+        if path.name in ("_flwr_compat.py", "_flwr_replies.py"):
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.match(r"^\s*(from|import) flwr\b", line) and not public.match(line):
                 offenders.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
             if re.match(r"^\s*from flwr\.common\.\w+ import", line):
                 offenders.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
-    assert not offenders, "flwr internals used outside " + DOOR + ":\n" + "\n".join(offenders)
+    assert not offenders, ("flwr internals used outside " + DOOR + " and _flwr_replies.py:\n"
+                           + "\n".join(offenders))
+
+
+def test_reply_bounds_cover_a_scaffold_reply_and_no_more():
+    from fedbn_med.federation._flwr_replies import reply_bounds
+
+    chunk = _resolve("flwr.common.constant:FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE")
+    max_bytes, max_objects = reply_bounds([400, 3 * chunk + 1])
+    assert max_bytes == 2 * (400 + 3 * chunk + 1) + (1 << 20)
+    # weights and controls: (1 + 1 chunk) + (1 + 4 chunks), twice, and the records' 256
+    assert max_objects == 2 * (2 + 5) + 256

@@ -265,34 +265,38 @@ def test_round_timeout_bounds_a_site_that_never_answers(keyed_fed):
     assert "faulty node got a train message" in (k["root"] / "UCLA.log").read_text()
 
 
-def test_round_timeout_bounds_a_reply_whose_contents_never_come(small_cohort, tmp_path):
-    # UCLA's link dies after each of its replies' heads reached the SuperLink: the server
-    # sees the reply and waits for its contents only until the round's deadline (flwr
-    # alone retries for about 100 s), then goes on without UCLA and says why
+def test_a_reply_is_bounded_in_time_bytes_and_objects_before_it_is_read(small_cohort, tmp_path):
+    # UCLA answers round 1 with a reply whose head reached the SuperLink and whose
+    # contents never follow (its link died mid-upload): the server waits for them only
+    # until the round's deadline (flwr alone retries for about 100 s, and hid NYU's reply
+    # behind it). Round 2's reply is three times the model's size, round 3's names
+    # thousands of objects: each is refused before more than its bound is read.
     with keyed_federation(tmp_path, ["NYU", "UCLA"]) as c:
-        cut = start_wrapped(c, FAULTY_NODE, "UCLA", small_cohort, "head-only")
+        hostile = start_wrapped(c, FAULTY_NODE, "UCLA", small_cohort, "hostile-upload")
         try:
             start_honest(c, ("NYU",), small_cohort)
             c.fed.wait_sites_ready(["NYU"], timeout=180)
             _wait(lambda: "connected to" in (tmp_path / "UCLA.log").read_text(), 180,
-                  "the cut node")
-            spec = RunSpec(strategy="fedbn", rounds=2, sites=("NYU", "UCLA"),
+                  "the hostile node")
+            spec = RunSpec(strategy="fedbn", rounds=3, sites=("NYU", "UCLA"),
                            data_dir=small_cohort)
-            results, events, _ = run_federation(c, "cut", spec, timeout=240,
+            results, events, _ = run_federation(c, "hostile", spec, timeout=240,
                                                 round_timeout=4.0, min_sites=1)
         finally:
-            stop_nodes([cut], grace=2.0)
+            stop_nodes([hostile], grace=2.0)
     assert "error" not in results, results
     trained = [e for e in events if e["event"] == "trained"]
-    assert [e["round"] for e in trained] == [1, 2]
+    assert [e["round"] for e in trained] == [1, 2, 3]
     for event in trained:
         assert event["missing"] == ["UCLA"] and event["sites"] == ["NYU"], event
         assert event["seconds"] < 4.0 + 10.0, event
-    refused = [e for e in events if e["event"] == "update-refused"]
-    assert [e["site"] for e in refused] == ["UCLA", "UCLA"], refused
-    assert all("unavailable" in e["reason"] for e in refused), refused
+    refused = {e["round"]: e["reason"] for e in events
+               if e["event"] == "update-refused" and e["site"] == "UCLA"}
+    assert "not all uploaded within 4 s" in refused[1], refused
+    assert "bytes a reply may hold" in refused[2], refused
+    assert "objects, more than the" in refused[3], refused
     assert set(results["final"]) == {"NYU"}
-    assert (tmp_path / "UCLA.log").read_text().count("faulty node got a train message") == 2
+    assert (tmp_path / "UCLA.log").read_text().count("faulty node got a train message") == 3
 
 
 def test_a_site_refuses_a_run_that_would_take_its_private_layers(keyed_fed, tmp_path):

@@ -5,15 +5,15 @@ Flower's public surface (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, t
 process of our own, nor to pull replies with a shorter back-off. Both matter for speed
 (see :mod:`fedbn_med.federation.node` and
 :class:`fedbn_med.federation.server_app.FastGrid`), so this module uses flwr internals,
-and only this module does:
+and only it and :mod:`._flwr_replies` do:
 
 - :class:`FleetSession`: our own connection of a site node to the SuperLink's Fleet API,
   built from flwr's ``FleetHttpClient``, its request interceptors (runtime version, node
   authentication), ``RetryInvoker``, ``HeartbeatSender``, the protobuf messages and serde
   functions, and the object (de)inflation helpers. It never ends the process, never
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
-- :func:`pull_replies`: what ``HttpGrid.pull_messages`` does, without its waits: a
-  reply whose contents are still coming is handed back, to be asked again.
+- :mod:`fedbn_med.federation._flwr_replies` (the server's side of this door, using the
+  internals imported here): what ``HttpGrid.pull_messages`` does, without its waits.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
   :data:`RunNotRunning`, :func:`set_message_id`.
 
@@ -27,18 +27,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import threading
-import time
 import warnings
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "InTransit", "NodeForgotten",
-    "RunNotRunning", "fused_run_config", "pull_replies", "set_message_id", "unavailable_reply",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
+    "fused_run_config", "set_message_id",
 ]
 
 FLWR_VERSION = "1.42.0"
@@ -61,8 +58,8 @@ def _check_version() -> None:
 _check_version()
 
 try:  # every internal in one place: a missing one names itself here, at import
-    from flwr.app import Error, Message, Metadata
-    from flwr.app.message import make_message, remove_content_from_message
+    from flwr.app import Message
+    from flwr.app.message import remove_content_from_message
     from flwr.common.config import get_fused_config_from_fab
     from flwr.common.constant import (
         HEARTBEAT_DEFAULT_INTERVAL,
@@ -85,18 +82,12 @@ try:  # every internal in one place: a missing one names itself here, at import
         UnregisterNodeFleetRequest,
     )
     from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest  # pylint: disable=E0611
-    from flwr.proto.message_pb2 import (  # pylint: disable=E0611
-        ConfirmMessageReceivedRequest,
-    )
     from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
     from flwr.proto.run_pb2 import GetRunRequest  # pylint: disable=E0611
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
-    from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
     from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.inflatable.inflatable_object import (
         get_all_nested_objects,
         get_object_tree,
-        iterate_object_tree,
         no_object_id_recompute,
     )
     from flwr.supercore.inflatable.inflatable_protobuf_utils import (
@@ -105,9 +96,6 @@ try:  # every internal in one place: a missing one names itself here, at import
         make_push_object_fn_protobuf,
     )
     from flwr.supercore.inflatable.inflatable_utils import (
-        ObjectPullError,
-        ObjectUnavailableError,
-        inflate_object_from_contents,
         pull_and_inflate_object_from_tree,
         push_object_contents_from_iterable,
     )
@@ -117,7 +105,6 @@ try:  # every internal in one place: a missing one names itself here, at import
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
     from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
     from flwr.supercore.run import RunNotRunningException
-    from flwr.superlink.grid import HttpGrid
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 except ImportError as err:  # pragma: no cover - only with another flwr
@@ -129,9 +116,6 @@ RunNotRunning = RunNotRunningException
 
 CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 """Error code of a reply whose ClientApp raised."""
-
-#: the most objects of one reply pulled at once
-_MAX_PULLS = 8
 
 # Transient failures that a call retries until its deadline (the same set flwr retries).
 _RETRY_STATUS = frozenset({502, 503, 504})
@@ -334,102 +318,3 @@ class FleetSession:
             push_object_contents_from_iterable(
                 ((oid, obj.deflate()) for oid, obj in objects.items() if oid in wanted), push)
 
-
-@dataclass
-class InTransit:
-    """A reply whose head the SuperLink gave, and whose contents are still coming."""
-
-    head: Any  # the reply's head (protobuf)
-    tree: Any  # its object tree
-    contents: dict[str, bytes] = field(default_factory=dict)  # the objects pulled so far
-
-    @property
-    def reply_to(self) -> str:
-        """Return the ID of the message this replies to."""
-        return str(self.head.metadata.reply_to_message_id)
-
-
-def pull_replies(grid: Any, message_ids: Iterable[str], in_transit: Iterable[InTransit] = ()
-                 ) -> tuple[list[Message], list[InTransit]]:
-    """Pull the replies to ``message_ids`` that have arrived, without waiting for any.
-
-    Returns the whole replies, and those whose contents are not all uploaded yet: pass
-    these back as ``in_transit`` at the next call, which pulls what has come of them since
-    (each object once). A reply whose head arrived is never awaited here: flwr's own
-    ``HttpGrid.pull_messages`` retries its contents for up to 500 times with a 1 s first
-    back-off, so that a site whose link died between its reply's head and contents held
-    the round for about 100 s, past its timeout, and kept every other reply waiting
-    behind it. The caller decides how long to wait (:func:`unavailable_reply` once it
-    stops). A reply whose contents the SuperLink does not have is an error reply, and
-    a payload too large for the SuperLink gives no replies, as in flwr. A grid of
-    another kind (simulation) is asked the ordinary way.
-    """
-    message_ids = list(message_ids)
-    if not isinstance(grid, HttpGrid):
-        return list(grid.pull_messages(message_ids)), list(in_transit)
-    client = grid._runtime_client  # noqa: SLF001 - the grid's own connection
-    waiting = list(in_transit)
-    if message_ids:
-        try:
-            response = client.PullMessages(PullAppMessagesRequest(message_ids=message_ids))
-        except httpx.HTTPStatusError as err:
-            if err.response.status_code != 413:
-                raise
-        else:
-            waiting += [InTransit(head, tree) for head, tree in
-                        zip(response.messages_list, response.message_object_trees, strict=True)]
-    replies: list[Message] = []
-    still: list[InTransit] = []
-    for item in waiting:
-        try:
-            message = _pull_contents(grid, item)
-        except ObjectPullError as err:
-            replies.append(unavailable_reply(grid, item, str(err)))
-            continue
-        if message is None:
-            still.append(item)
-        else:
-            replies.append(message)
-    return replies, still
-
-
-def _pull_contents(grid: Any, item: InTransit) -> Message | None:
-    """Pull what is missing of a reply; return it whole, or None while objects are missing."""
-    client = grid._runtime_client  # noqa: SLF001
-    run_id = grid.run.run_id
-    pull = make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id)
-    missing = [t.object_id for t in iterate_object_tree(item.tree)
-               if t.object_id not in item.contents]
-
-    def fetch(object_id: str) -> None:
-        try:
-            item.contents[object_id] = pull(object_id)
-        except ObjectUnavailableError:
-            pass  # not uploaded yet: asked again at the next call
-
-    if len(missing) == 1:
-        fetch(missing[0])
-    elif missing:
-        with ThreadPoolExecutor(min(_MAX_PULLS, len(missing))) as pool:
-            list(pool.map(fetch, missing))
-    if any(t.object_id not in item.contents for t in iterate_object_tree(item.tree)):
-        return None
-    message_id = item.head.metadata.message_id
-    client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
-        node=grid.node, run_id=run_id, message_object_id=message_id))
-    message = cast(Message, inflate_object_from_contents(message_id, item.contents))
-    set_message_id(message, message_id)
-    return message
-
-
-def unavailable_reply(grid: Any, item: InTransit, why: str) -> Message:
-    """Return an error reply, from the site that sent ``item``, saying its contents failed."""
-    run_id = grid.run.run_id
-    return make_message(
-        metadata=Metadata(run_id=run_id, message_id="",
-                          src_node_id=int(item.head.metadata.src_node_id),
-                          dst_node_id=grid.node.node_id, message_type=SYSTEM_MESSAGE_TYPE,
-                          group_id="", ttl=0, reply_to_message_id=item.reply_to,
-                          created_at=time.time()),
-        error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
-                    reason=f"the reply's contents are unavailable: {why}"))

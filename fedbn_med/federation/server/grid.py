@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedbn_med.federation._flwr_compat import InTransit, pull_replies, unavailable_reply
+from fedbn_med.federation._flwr_replies import InTransit, pull_replies, unavailable_reply
 from fedbn_med.federation.pacing import Pacer
 
 __all__ = ["FastGrid"]
@@ -23,13 +23,17 @@ class FastGrid:
     the first reply is due, then asks come every ``poll`` seconds while replies are
     expected, backing off to ``max_poll`` when they are late. A reply that shows before
     its contents are uploaded is asked for again at the next poll with the others
-    (:func:`fedbn_med.federation._flwr_compat.pull_replies`), not awaited on its own with
+    (:func:`fedbn_med.federation._flwr_replies.pull_replies`), not awaited on its own with
     flwr's 1 s first back-off; one whose contents have not all come by the deadline is an
     error reply of its site.
     """
 
     def __init__(self, grid: Grid, poll: float = 0.02, max_poll: float = 0.2) -> None:
         self.grid = grid
+        #: the most bytes and objects a reply may hold (None: unbounded), set by the server
+        #: once it knows the model: a site's reply is refused before it is read beyond them
+        self.max_reply_bytes: int | None = None
+        self.max_reply_objects: int | None = None
         self.poll = poll
         self.max_poll = max_poll
         self.pacers: dict[str, Pacer] = {}
@@ -56,7 +60,9 @@ class FastGrid:
         in_transit: list[InTransit] = []  # heads come, contents still uploading
         while (pending or in_transit) and time.monotonic() < deadline:
             asked_at = time.monotonic()
-            got, in_transit = pull_replies(self.grid, pending, in_transit)
+            got, in_transit = pull_replies(self.grid, pending, in_transit,
+                                           max_bytes=self.max_reply_bytes,
+                                           max_objects=self.max_reply_objects)
             replies.extend(got)
             pending -= {m.metadata.reply_to_message_id for m in got}
             pending -= {item.reply_to for item in in_transit}

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from flwr.app import Message, MessageType
 
 from fedbn_med.checkpoint import write_text_atomic
+from fedbn_med.federation._flwr_replies import reply_bounds
 from fedbn_med.federation.events import EvaluationRefused, ServerStarted, Trained, UpdateRefused
 from fedbn_med.federation.records import pack
 from fedbn_med.federation.server.checks import (
@@ -115,12 +116,14 @@ class FederationServer:
         # SCAFFOLD's server variate (empty for other strategies); checkpointed with the weights
         self.control = zero_controls(self.global_weights, self.strategy.controlled_keys(
             self.partition, frozenset(n for n, _ in model.named_parameters())))
-        # A site's reply is the exchanged weights plus a few numbers: twice the payload
-        # and 1 MiB more is generous. The public port (fleet_gate) refuses any larger
-        # request body before the SuperLink stores it.
-        payload = sum(t.numel() * t.element_size() for t in self.global_weights.values())
-        write_text_atomic(self.settings.workdir / "server" / "max_body",
-                          str(2 * payload + (1 << 20)))
+        # A site's reply is the exchanged weights (and, for SCAFFOLD, their controls) plus
+        # a few numbers: twice the payload and 1 MiB more is generous. The public port
+        # (fleet_gate) refuses any larger request body before the SuperLink stores it, and
+        # the grid any reply larger in all, or of more objects, before reading it all.
+        max_bytes, max_objects = reply_bounds(
+            t.numel() * t.element_size() for t in self.global_weights.values())
+        self.grid.max_reply_bytes, self.grid.max_reply_objects = max_bytes, max_objects
+        write_text_atomic(self.settings.workdir / "server" / "max_body", str(max_bytes))
 
     def resume(self) -> str | None:
         """Load the last global checkpoint; return the MLflow parent run ID it names."""
