@@ -225,8 +225,7 @@ def test_a_session_with_no_server_fails_with_a_connection_error():
 
 
 def test_no_flwr_internals_outside_the_door():
-    # Public flwr surface only, everywhere but the door: _flwr_compat and its server side,
-    # _flwr_replies (which imports _flwr_compat, and so its version check, first).
+    # Public flwr surface only, everywhere but _flwr_compat.
     import pathlib
     import re
 
@@ -234,15 +233,14 @@ def test_no_flwr_internals_outside_the_door():
     root = pathlib.Path(compat.__file__).resolve().parents[1]
     offenders = []
     for path in root.rglob("*.py"):
-        if path.name in ("_flwr_compat.py", "_flwr_replies.py"):
+        if path.name == "_flwr_compat.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.match(r"^\s*(from|import) flwr\b", line) and not public.match(line):
                 offenders.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
             if re.match(r"^\s*from flwr\.common\.\w+ import", line):
                 offenders.append(f"{path.relative_to(root.parent)}:{number}: {line.strip()}")
-    assert not offenders, ("flwr internals used outside " + DOOR + " and _flwr_replies.py:\n"
-                           + "\n".join(offenders))
+    assert not offenders, "flwr internals used outside " + DOOR + ":\n" + "\n".join(offenders)
 
 
 def test_reply_bounds_cover_a_scaffold_reply_and_no_more():

@@ -4,8 +4,8 @@ Flower's public surface (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, t
 ``flwr`` and ``flower-*`` commands) has no way to run a ClientApp inside a long-lived
 process of our own, nor to pull replies with a shorter back-off. Both matter for speed
 (see :mod:`fedbn_med.federation.node` and
-:class:`fedbn_med.federation.server_app.FastGrid`), so this module uses flwr internals,
-and only it and :mod:`._flwr_replies` do:
+:class:`fedbn_med.federation.server_app.FastGrid`), so this module imports flwr internals,
+and only this module does:
 
 - :class:`FleetSession`: our own connection of a site node to the SuperLink's Fleet API,
   built from flwr's ``FleetHttpClient``, its request interceptors (runtime version, node
@@ -13,7 +13,8 @@ and only it and :mod:`._flwr_replies` do:
   functions, and the object (de)inflation helpers. It never ends the process, never
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
 - :mod:`fedbn_med.federation._flwr_replies` (the server's side of this door, using the
-  internals imported here): what ``HttpGrid.pull_messages`` does, without its waits.
+  internals imported here, and nowhere else): what ``HttpGrid.pull_messages`` does,
+  without its waits.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
   :data:`RunNotRunning`, :func:`set_message_id`.
 
@@ -36,6 +37,11 @@ import httpx
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
     "fused_run_config", "set_message_id",
+    # flwr internals passed on to the server's side of the door, _flwr_replies
+    "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "SYSTEM_MESSAGE_TYPE", "ConfirmMessageReceivedRequest",
+    "Error", "ErrorCode", "HttpGrid", "Message", "Metadata", "ObjectPullError",
+    "ObjectUnavailableError", "PullAppMessagesRequest", "inflate_object_from_contents",
+    "iterate_object_tree", "make_message", "make_pull_object_fn_protobuf",
 ]
 
 FLWR_VERSION = "1.42.0"
@@ -58,10 +64,11 @@ def _check_version() -> None:
 _check_version()
 
 try:  # every internal in one place: a missing one names itself here, at import
-    from flwr.app import Message
-    from flwr.app.message import remove_content_from_message
+    from flwr.app import Error, Message, Metadata
+    from flwr.app.message import make_message, remove_content_from_message
     from flwr.common.config import get_fused_config_from_fab
     from flwr.common.constant import (
+        FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
         HEARTBEAT_DEFAULT_INTERVAL,
         MAX_RETRY_DELAY,
         ErrorCode,
@@ -82,12 +89,18 @@ try:  # every internal in one place: a missing one names itself here, at import
         UnregisterNodeFleetRequest,
     )
     from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest  # pylint: disable=E0611
+    from flwr.proto.message_pb2 import (  # pylint: disable=E0611
+        ConfirmMessageReceivedRequest,
+    )
     from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
     from flwr.proto.run_pb2 import GetRunRequest  # pylint: disable=E0611
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
+    from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
     from flwr.supercore.heartbeat import HeartbeatSender
     from flwr.supercore.inflatable.inflatable_object import (
         get_all_nested_objects,
         get_object_tree,
+        iterate_object_tree,
         no_object_id_recompute,
     )
     from flwr.supercore.inflatable.inflatable_protobuf_utils import (
@@ -96,6 +109,9 @@ try:  # every internal in one place: a missing one names itself here, at import
         make_push_object_fn_protobuf,
     )
     from flwr.supercore.inflatable.inflatable_utils import (
+        ObjectPullError,
+        ObjectUnavailableError,
+        inflate_object_from_contents,
         pull_and_inflate_object_from_tree,
         push_object_contents_from_iterable,
     )
@@ -105,6 +121,7 @@ try:  # every internal in one place: a missing one names itself here, at import
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
     from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
     from flwr.supercore.run import RunNotRunningException
+    from flwr.superlink.grid import HttpGrid
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 except ImportError as err:  # pragma: no cover - only with another flwr

@@ -5,8 +5,8 @@ retrying for up to 500 times with a 1 s first back-off (about 100 s in all). A s
 link died between its reply's head and its contents then held the round past its
 timeout and kept the other replies waiting behind it. Here a reply whose contents are
 still coming is handed back to the caller, which asks again at its next poll and stops
-at its own deadline. With :mod:`._flwr_compat` (which checks flwr's version first), this
-is the only module that uses flwr internals.
+at its own deadline. The flwr internals it uses are imported, and checked, in
+:mod:`._flwr_compat`, the one door to them.
 """
 
 from __future__ import annotations
@@ -19,28 +19,24 @@ from typing import Any, cast
 
 import httpx
 
-from fedbn_med.federation._flwr_compat import set_message_id  # checks flwr's version first
-
-try:  # the internals this side uses; tests/test_flwr_compat.py checks each of them
-    from flwr.app import Error, Message, Metadata
-    from flwr.app.message import make_message
-    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE, ErrorCode
-    from flwr.proto.message_pb2 import (  # pylint: disable=E0611
-        ConfirmMessageReceivedRequest,
-    )
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
-    from flwr.supercore.constant import SYSTEM_MESSAGE_TYPE
-    from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
-    from flwr.supercore.inflatable.inflatable_utils import (
-        ObjectPullError,
-        ObjectUnavailableError,
-        inflate_object_from_contents,
-    )
-    from flwr.superlink.grid import HttpGrid
-except ImportError as err:  # pragma: no cover - only with another flwr
-    raise ImportError(f"flwr lacks an internal that fedbn-med relies on ({err}); {__name__} "
-                      "needs updating for it.") from err
+from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal comes from it
+    FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
+    SYSTEM_MESSAGE_TYPE,
+    ConfirmMessageReceivedRequest,
+    Error,
+    ErrorCode,
+    HttpGrid,
+    Message,
+    Metadata,
+    ObjectPullError,
+    ObjectUnavailableError,
+    PullAppMessagesRequest,
+    inflate_object_from_contents,
+    iterate_object_tree,
+    make_message,
+    make_pull_object_fn_protobuf,
+    set_message_id,
+)
 
 __all__ = ["InTransit", "pull_replies", "reply_bounds", "unavailable_reply"]
 
@@ -148,8 +144,8 @@ def _pull_contents(grid: Any, item: InTransit, max_bytes: int | None = None
                     raise ObjectPullError(
                         item.head.metadata.message_id,
                         f"its contents exceed the {max_bytes} bytes a reply may hold")
-    if any(t.object_id not in item.contents for t in iterate_object_tree(item.tree)):
-        return None
+    if any(object_id not in item.contents for object_id in missing):
+        return None  # the rest comes at a later call
     message_id = item.head.metadata.message_id
     client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
         node=grid.node, run_id=run_id, message_object_id=message_id))
