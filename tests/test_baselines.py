@@ -220,6 +220,28 @@ def test_harmonisation_is_fitted_on_training_rows_only(abide_rows, strategy):
         np.testing.assert_allclose(out["train"][0].mean(0), 0, atol=1e-4)
 
 
+def test_combat_is_fitted_once_per_run_and_refitted_when_training_rows_change(abide_rows):
+    from fedbn_med.tasks.abide import build
+
+    spec, sites, rows = abide_rows
+    spec = spec.replace(strategy="fedavg_combat")
+    build._COMBAT_FIT.clear()
+    first = build._harmonised(sites["UM"], spec, rows)
+    (fit, seen), = build._COMBAT_FIT.values()
+    assert set(seen) == {"NYU", "UM", "USM"}
+    other = build._harmonised(sites["NYU"], spec, build.site_rows(sites["NYU"], spec))
+    assert next(iter(build._COMBAT_FIT.values()))[0] is fit  # NYU reused UM's fit
+    build._COMBAT_FIT.clear()
+    fresh = build._harmonised(sites["NYU"], spec, build.site_rows(sites["NYU"], spec))
+    for split in ("train", "val", "test"):  # the shared fit is the fit NYU makes alone
+        np.testing.assert_array_equal(other[split][0], fresh[split][0])
+    # training rows that are not those the fit saw: refitted, never a stale fit
+    x, *rest = rows["train"]
+    shifted = build._harmonised(sites["UM"], spec, {**rows, "train": (x + 1.0, *rest)})
+    assert next(iter(build._COMBAT_FIT.values()))[0] is not fit
+    assert not np.allclose(shifted["val"][0], first["val"][0])
+
+
 def test_fd_regression_is_fitted_on_training_rows_only(abide_rows):
     _, _, rows = abide_rows
     x, _, _, fd = rows["train"]

@@ -6,6 +6,7 @@ and the Flower deployment train on the same data with the same initial weights.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from fedbn_med.tasks.abide.sites import SiteConfig, load_sites
 if TYPE_CHECKING:  # the data and training stack loads only where a site trains
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.data import SiteFeatures
+    from fedbn_med.tasks.abide.harmonize import ComBat
     from fedbn_med.tasks.abide.splits import Split
     from fedbn_med.training.trainer import SiteData, SiteTrainer
 
@@ -153,10 +155,28 @@ def _harmonised(site: SiteConfig, config: RunSpec, rows: dict[str, Rows]) -> dic
         z = SiteStandardizer().fit(rows["train"][0])
         return {k: (z.transform(v[0]), *v[1:]) for k, v in rows.items()}
     # ComBat's pooled estimates need every site's training rows (not federated).
-    train = {name: (rows if name == site.name else site_rows(other, config))["train"][0]
-             for name, other in load_sites(list(config.sites)).items()}
-    combat = ComBat().fit(train)
-    return {k: (combat.transform(site.name, v[0]), *v[1:]) for k, v in rows.items()}
+    others = load_sites(list(config.sites))
+    key = (config, tuple(others.values()))
+    mine = _fingerprint(rows["train"][0])
+    cached = _COMBAT_FIT.get(key)
+    if cached is None or cached[1].get(site.name) != mine:
+        train = {name: (rows if name == site.name else site_rows(other, config))["train"][0]
+                 for name, other in others.items()}
+        _COMBAT_FIT.clear()  # one run's fit at a time: the next site of the run reuses it
+        cached = ComBat().fit(train), {name: _fingerprint(x) for name, x in train.items()}
+        _COMBAT_FIT[key] = cached
+    return {k: (cached[0].transform(site.name, v[0]), *v[1:]) for k, v in rows.items()}
+
+
+#: The last ComBat fit, by run and site files, with a digest of each site's training rows
+#: it saw: the sites of one run built in one process share it instead of each re-reading
+#: every other site (a site whose training rows differ from the digest refits).
+_COMBAT_FIT: dict[object, tuple[ComBat, dict[str, str]]] = {}
+
+
+def _fingerprint(x: np.ndarray) -> str:
+    arr = np.ascontiguousarray(x)
+    return hashlib.sha256(arr.tobytes()).hexdigest() + str(arr.shape) + str(arr.dtype)
 
 
 def prepare_site_data(site: SiteConfig, config: RunSpec, split: Split | None = None
