@@ -200,3 +200,15 @@ def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path)
     parent = client.get_run(out["parent_run_id"])
     assert parent.data.metrics["selected_round"] == out["selected_round"]
     np.testing.assert_array_equal(sorted(out["selected"]), ["NYU", "UM"])
+
+
+def test_the_progress_bar_shows_validation_loss_and_never_a_test_score():
+    from fedbn_med.evaluation.report import progress_postfix
+
+    shown = progress_postfix({
+        "NYU": {"val_loss": 0.70, "test_accuracy": 0.9, "test_auc": 0.8},
+        "UM": {"val_loss": 0.50, "test_accuracy": 0.1},
+        "USM": {"val_loss": float("nan"), "test_balanced_accuracy": 0.5},
+    })
+    assert shown == {"sites": "3", "val_loss": "0.6000"}
+    assert progress_postfix({"NYU": {"test_accuracy": 0.9}}) == {"sites": "1"}

@@ -314,3 +314,18 @@ def convergence_plot(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def progress_postfix(per_site: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
+    """Return what a progress bar shows after a round: the sites' mean validation loss.
+
+    The validation loss is what picks the reported round, so the bar shows it; test
+    scores stay out of sight while a run trains, where no one can pick a round by them.
+    """
+    losses = [float(m["val_loss"]) for m in per_site.values()
+              if "val_loss" in m and math.isfinite(float(m["val_loss"]))]
+    shown = {"sites": str(len(per_site))}
+    if losses:
+        shown["val_loss"] = f"{sum(losses) / len(losses):.4f}"
+    return shown
+

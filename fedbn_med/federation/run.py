@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from fedbn_med.evaluation.report import progress_postfix
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
 from fedbn_med.federation.names import is_loopback
@@ -87,12 +87,7 @@ class _Progress:
         if kind == "ready":
             self.bar.write(f"sites ready: {', '.join(event['sites'])}")
         elif kind == "round":
-            sites = event["sites"]
-            accs = [m.get("test_accuracy", math.nan) for m in sites.values()]
-            accs = [a for a in accs if not math.isnan(a)]
-            if accs:
-                self.bar.set_postfix(test_acc=f"{100 * sum(accs) / len(accs):.1f}%",
-                                     sites=len(sites))
+            self.bar.set_postfix(progress_postfix(event["sites"]))
             self.bar.update(int(event["round"]) - self.bar.n)
         elif kind in ("update-refused", "site-refused", "site-error"):
             self.bar.write(f"warning: {event.get('site', event.get('node'))}: "

@@ -38,6 +38,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     """
     from tqdm.auto import tqdm
 
+    from fedbn_med.evaluation.report import progress_postfix
     from fedbn_med.tasks import get_task
     from fedbn_med.tracking import tracked
     from fedbn_med.training.inprocess import run_spec
@@ -50,6 +51,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
 
         def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
             tracker.log_round(rnd, metrics)
+            bar.set_postfix(progress_postfix(metrics), refresh=False)
             bar.update(1)
 
         history, kept = run_spec(spec, on_round=on_round)
