@@ -114,5 +114,60 @@ def main(grid: Grid, context: Context) -> None:
         out[site] = {"scale": scale, "shift": shift, "scores": len(got),
                      "errors": errors[node][:3], "error_count": len(errors[node]),
                      "train_scores": trained_scores}
+    for node, (site, _) in sites.items():
+        if site in cfg.get("hostile_sites", []):
+            out[site]["hostile"] = _hostile(grid, fast, node)
     with open(cfg["out"], "w", encoding="utf-8") as handle:
         json.dump(out, handle)
+
+
+def _hostile(grid: Grid, fast: FastGrid, node: int) -> dict:
+    """Send a site a message whose contents never come, then one too large, then a query.
+
+    Returns each one's reply (its error reason, or the site it names) and how long it took.
+    """
+    from flwr.app.message import remove_content_from_message
+    from flwr.common.serde import message_to_proto
+    from flwr.proto.runtime_pb2 import PushAppMessagesRequest
+    from flwr.supercore.inflatable.inflatable_object import (
+        get_object_tree,
+        no_object_id_recompute,
+    )
+
+    def fate(reply: Message | None, started: float) -> dict:
+        if reply is None:
+            return {"reply": None, "seconds": time.monotonic() - started}
+        what = (reply.error.reason if reply.has_error()
+                else str(unpack(reply.content).section("info")["site"]))
+        return {"reply": what, "error": reply.has_error(),
+                "seconds": time.monotonic() - started}
+
+    result = {}
+    # 1. the head alone: its contents are never pushed
+    stalled = Message(pack({"x": torch.zeros(1000)}), dst_node_id=node,
+                      message_type=MessageType.QUERY, group_id="stalled")
+    started = time.monotonic()
+    with no_object_id_recompute():
+        stalled.metadata.__dict__["_message_id"] = stalled.object_id
+        response = grid._runtime_client.PushMessages(PushAppMessagesRequest(  # noqa: SLF001
+            messages_list=[message_to_proto(remove_content_from_message(stalled))],
+            message_object_trees=[get_object_tree(stalled)]))
+    (message_id,) = response.message_ids
+    reply = None
+    while reply is None and time.monotonic() - started < 120:
+        got = list(grid.pull_messages([message_id]))
+        reply = got[0] if got else None
+        time.sleep(0.2)
+    result["stalled"] = fate(reply, started)
+    # 2. a message larger than the site accepts
+    started = time.monotonic()
+    big = Message(pack({"x": torch.zeros(1_500_000)}), dst_node_id=node,
+                  message_type=MessageType.QUERY, group_id="big")
+    replies = fast.send([big], timeout=60)
+    result["big"] = fate(replies[0] if replies else None, started)
+    # 3. an ordinary query: the site must still be there
+    started = time.monotonic()
+    replies = fast.send([Message(pack(), dst_node_id=node, message_type=MessageType.QUERY,
+                                 group_id="after")], timeout=60)
+    result["after"] = fate(replies[0] if replies else None, started)
+    return result

@@ -77,7 +77,8 @@ def operator_world(small_cohort, tmp_path_factory):
     sites_dir = root / "sites"
     sites_dir.mkdir()
     ceiling = (epsilon(NOISE, ROUNDS, 1e-5) + epsilon(NOISE, 2 * ROUNDS, 1e-5)) / 2
-    _site_file(sites_dir, "NYU", small_cohort, "max_scores_per_run = 2\n")
+    _site_file(sites_dir, "NYU", small_cohort,
+               "max_scores_per_run = 2\nmax_message_mb = 2\nmessage_timeout_s = 3\n")
     _site_file(sites_dir, "UM", small_cohort,
                f"dp_noise = {NOISE}\ndp_clip = 1e-4\ndp_epsilon_max = {ceiling}\n")
     mp = pytest.MonkeyPatch()
@@ -127,7 +128,8 @@ def _oracle(world: dict, fid: str) -> dict:
     cfg = run_config(spec, ServerSettings(workdir=root / "oracle", federation_id=fid))
     cfg["oracle"] = json.dumps({"out": str(root / "oracle.json"), "sites": 2,
                                 "channels": CHANNELS,
-                                "round": ROUNDS, "train_probes": 3, "train_sites": ["NYU"]})
+                                "round": ROUNDS, "train_probes": 3, "train_sites": ["NYU"],
+                                "hostile_sites": ["NYU"]})
     overrides = write_run_config(root / "oracle.toml", cfg)
     subprocess.run([flwr_tool("flwr"), "run", str(app), CONNECTION, "--stream",
                     "--run-config", str(overrides)], env=fed.env, cwd=fed.workdir,
@@ -179,6 +181,20 @@ def test_the_run_spec_names_no_path_at_a_site(operator_world):
     assert set(results["final"]) == {"NYU", "UM"}
     assert not (world["root"] / "operator-data" / "cache").exists()
     assert results["final"]["NYU"]["test_accuracy"] >= 0
+
+
+def test_a_site_refuses_a_message_that_never_arrives_or_is_too_large_and_serves_on(
+        operator_world):
+    """NYU's file: at most 2 MiB per message, its contents within 3 s (flwr's own pull
+    waits about 100 s, then its error ends the node)."""
+    hostile = operator_world["oracle"]["NYU"]["hostile"]
+    stalled, big, after = hostile["stalled"], hostile["big"], hostile["after"]
+    assert stalled["error"] and "did not all arrive within 3 s" in stalled["reply"], hostile
+    assert 2.5 < stalled["seconds"] < 20, hostile
+    assert big["error"] and "exceed the 2097152 bytes" in big["reply"], hostile
+    assert big["seconds"] < 20, hostile
+    assert after == {**after, "reply": "NYU", "error": False}, hostile
+    assert after["seconds"] < 20, hostile
 
 
 def test_a_site_receives_only_what_it_needs_to_train(operator_world):

@@ -42,11 +42,10 @@ NAMES = {
         "get_all_nested_objects", "get_object_tree", "iterate_object_tree",
         "no_object_id_recompute"],
     "flwr.supercore.inflatable.inflatable_protobuf_utils": [
-        "make_confirm_message_received_fn_protobuf", "make_pull_object_fn_protobuf",
-        "make_push_object_fn_protobuf"],
+        "make_pull_object_fn_protobuf", "make_push_object_fn_protobuf"],
     "flwr.supercore.inflatable.inflatable_utils": [
-        "ObjectPullError", "inflate_object_from_contents", "pull_and_inflate_object_from_tree",
-        "ObjectUnavailableError", "push_object_contents_from_iterable"],
+        "ObjectPullError", "inflate_object_from_contents", "ObjectUnavailableError",
+        "push_object_contents_from_iterable"],
     "flwr.supercore.interceptors.http.runtime_version": ["RuntimeVersionHttpInterceptor"],
     "flwr.supercore.primitives.asymmetric": ["generate_key_pairs", "public_key_to_bytes"],
     "flwr.supercore.retry.retry_invoker": ["RetryInvoker", "exponential"],
@@ -65,9 +64,6 @@ SIGNATURES = {
     "flwr.supercore.retry.retry_invoker:RetryInvoker.invoke": ["target"],
     "flwr.supercore.retry.retry_invoker:exponential": ["max_delay"],
     "flwr.supercore.heartbeat:HeartbeatSender.__init__": ["heartbeat_fn"],
-    "flwr.supercore.inflatable.inflatable_utils:pull_and_inflate_object_from_tree":
-        ["object_tree", "pull_object_fn", "confirm_object_received_fn", "return_type",
-         "initial_backoff", "backoff_cap"],
     "flwr.supercore.inflatable.inflatable_utils:push_object_contents_from_iterable":
         ["object_contents", "push_object_fn"],
     "flwr.supercore.inflatable.inflatable_utils:inflate_object_from_contents":
@@ -76,9 +72,6 @@ SIGNATURES = {
         ["pull_object_protobuf", "node", "run_id"],
     "flwr.supercore.inflatable.inflatable_protobuf_utils:make_push_object_fn_protobuf":
         ["push_object_protobuf", "node", "run_id", "session_id"],
-    "flwr.supercore.inflatable.inflatable_protobuf_utils:"
-    "make_confirm_message_received_fn_protobuf":
-        ["confirm_message_received_protobuf", "node", "run_id"],
     "flwr.common.config:get_fused_config_from_fab": ["fab_file", "run"],
     "flwr.supernode.node_auth_http_interceptor:NodeAuthHttpInterceptor.__init__":
         ["private_key", "public_key"],

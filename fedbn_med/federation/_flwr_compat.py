@@ -28,14 +28,17 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import threading
+import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import httpx
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "FleetSession", "NodeForgotten", "RunNotRunning",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "MAX_PULLS", "MESSAGE_REFUSED", "FleetSession",
+    "MessageRefused", "NodeForgotten", "RunNotRunning",
     "fused_run_config", "set_message_id",
     # flwr internals passed on to the server's side of the door, _flwr_replies
     "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "SYSTEM_MESSAGE_TYPE", "ConfirmMessageReceivedRequest",
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 FLWR_VERSION = "1.42.0"
+#: The most objects of one message pulled at once (its size is checked after each few).
+MAX_PULLS = 8
 
 
 def _check_version() -> None:
@@ -104,7 +109,6 @@ try:  # every internal in one place: a missing one names itself here, at import
         no_object_id_recompute,
     )
     from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
         make_pull_object_fn_protobuf,
         make_push_object_fn_protobuf,
     )
@@ -112,7 +116,6 @@ try:  # every internal in one place: a missing one names itself here, at import
         ObjectPullError,
         ObjectUnavailableError,
         inflate_object_from_contents,
-        pull_and_inflate_object_from_tree,
         push_object_contents_from_iterable,
     )
     from flwr.supercore.interceptors.http.runtime_version import (
@@ -134,6 +137,9 @@ RunNotRunning = RunNotRunningException
 CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 """Error code of a reply whose ClientApp raised."""
 
+MESSAGE_REFUSED: int = ErrorCode.MESSAGE_UNAVAILABLE
+"""Error code of a site's reply to a message it would not read (:class:`MessageRefused`)."""
+
 # Transient failures that a call retries until its deadline (the same set flwr retries).
 _RETRY_STATUS = frozenset({502, 503, 504})
 _RETRY_ERRORS: tuple[type[Exception], ...] = (
@@ -141,6 +147,10 @@ _RETRY_ERRORS: tuple[type[Exception], ...] = (
     httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
     httpx.HTTPStatusError,
 )
+
+
+class MessageRefused(Exception):
+    """A message from the server that this site will not read (too large, incomplete)."""
 
 
 class NodeForgotten(httpx.HTTPError):
@@ -303,18 +313,62 @@ class FleetSession:
             node=self.node, hash_str=run.fab_hash, run_id=run_id)).fab)
         return fused_run_config(fab.content, run)
 
-    def pull_message(self, run_id: int, tree: Any, initial_backoff: float = 0.01,
-                     backoff_cap: float = 0.2) -> Message:
-        """Download a received message's contents and return the whole message."""
+    def pull_message(self, run_id: int, tree: Any, *, max_bytes: int, max_objects: int,
+                     timeout: float) -> Message:
+        """Download a received message's contents, bounded, and return the whole message.
+
+        What the server sends is checked like anything else that arrives: a message whose
+        tree names more than ``max_objects`` objects is refused before a byte is pulled;
+        one whose contents exceed ``max_bytes``, as soon as they do; one whose contents
+        have not all arrived within ``timeout`` seconds, then (flwr's own download waits
+        about 100 s and then raises out of the node).
+
+        Raises
+        ------
+        MessageRefused
+            Saying why; the node answers with an error reply and goes on serving.
+        """
         node = self._registered()
+        try:
+            ids = list(dict.fromkeys(t.object_id for t in iterate_object_tree(tree)))
+        except RecursionError:
+            raise MessageRefused("its object tree is nested too deeply") from None
+        if len(ids) > max_objects:
+            raise MessageRefused(f"it names {len(ids)} objects, more than the {max_objects} "
+                                 "this site accepts in one message")
         pull = make_pull_object_fn_protobuf(
             lambda request: self._call(self._client.PullObject, request), node, run_id)
-        confirm = make_confirm_message_received_fn_protobuf(
-            lambda request: self._call(self._client.ConfirmMessageReceived, request),
-            node, run_id)
-        message = pull_and_inflate_object_from_tree(
-            tree, pull, confirm, return_type=Message, initial_backoff=initial_backoff,
-            backoff_cap=backoff_cap)
+        contents: dict[str, bytes] = {}
+
+        def fetch(object_id: str) -> None:
+            try:
+                contents[object_id] = pull(object_id)
+            except ObjectUnavailableError:
+                pass  # not uploaded yet: asked again below
+
+        deadline, delay = time.monotonic() + timeout, 0.01
+        with ThreadPoolExecutor(MAX_PULLS) as pool:
+            while True:
+                missing = [i for i in ids if i not in contents]
+                for start in range(0, len(missing), MAX_PULLS):  # the size after each few
+                    list(pool.map(fetch, missing[start:start + MAX_PULLS]))
+                    if sum(map(len, contents.values())) > max_bytes:
+                        raise MessageRefused(f"its contents exceed the {max_bytes} bytes "
+                                             "this site accepts in one message")
+                if len(contents) == len(ids):
+                    break
+                if time.monotonic() >= deadline:
+                    raise MessageRefused(
+                        f"its contents did not all arrive within {timeout:g} s "
+                        f"({len(contents)} of {len(ids)} objects)")
+                time.sleep(delay)
+                delay = min(2 * delay, 0.2)
+        try:
+            message = cast(Message, inflate_object_from_contents(tree.object_id, contents))
+        except Exception as err:  # noqa: BLE001 - whatever the server sent, a refusal
+            raise MessageRefused(f"its contents do not form a message ({err})") from None
+        self._call(self._client.ConfirmMessageReceived, ConfirmMessageReceivedRequest(
+            node=node, run_id=run_id, message_object_id=tree.object_id))
         set_message_id(message, tree.object_id)
         return message
 

@@ -21,6 +21,7 @@ import httpx
 
 from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal comes from it
     FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
+    MAX_PULLS,
     SYSTEM_MESSAGE_TYPE,
     ConfirmMessageReceivedRequest,
     Error,
@@ -39,9 +40,6 @@ from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal
 )
 
 __all__ = ["InTransit", "pull_replies", "reply_bounds", "unavailable_reply"]
-
-#: the most objects of one reply pulled at once
-_MAX_PULLS = 8
 
 
 @dataclass
@@ -135,9 +133,9 @@ def _pull_contents(grid: Any, item: InTransit, max_bytes: int | None = None
             pass  # not uploaded yet: asked again at the next call
 
     if missing:  # a few at a time, the size checked after each few
-        with ThreadPoolExecutor(min(_MAX_PULLS, len(missing))) as pool:
-            for start in range(0, len(missing), _MAX_PULLS):
-                list(pool.map(fetch, missing[start:start + _MAX_PULLS]))
+        with ThreadPoolExecutor(min(MAX_PULLS, len(missing))) as pool:
+            for start in range(0, len(missing), MAX_PULLS):
+                list(pool.map(fetch, missing[start:start + MAX_PULLS]))
                 size = sum(len(content) for content in item.contents.values())
                 if max_bytes is not None and size > max_bytes:
                     item.contents.clear()

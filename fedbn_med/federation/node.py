@@ -35,8 +35,13 @@ from fedbn_med.federation.config import NodeSettings
 from fedbn_med.federation.events import Event, NodeFailed, NodeLost, NodeReady, emit, shorten
 from fedbn_med.federation.pacing import Pacer
 from fedbn_med.spec import RUN_CONFIG_KEY
+from fedbn_med.tasks.site_toml import SitePolicy, site_policy
 
-__all__ = ["main", "run_node"]
+__all__ = ["MAX_MESSAGE_OBJECTS", "main", "run_node"]
+
+#: The most objects one message from the server may name (arrays and their chunks, many
+#: times over for the largest shipped network); a tree naming more is refused unread.
+MAX_MESSAGE_OBJECTS = 65536
 
 logger = logging.getLogger("fedbn_med.node")
 
@@ -108,6 +113,7 @@ def run_node(
     certs = root_certificates.read_bytes() if root_certificates is not None else None
     keys = _load_auth_keys(private_key)
     site = node.site
+    policy = site_policy(site)  # read before connecting: a bad file is said at once
     node_config = node.to_node_config()
     report = report or _no_report
     connected_once = False
@@ -119,7 +125,7 @@ def run_node(
         logger.info("Site %s connected to %s as node %s", site, superlink, node_id)
         report(NodeReady(site=site, node_id=node_id, pid=os.getpid()))
         try:
-            _serve(session, node_id, client_app, node_config, poll, max_poll)
+            _serve(session, node_id, client_app, node_config, poll, max_poll, policy)
         except httpx.HTTPError as err:
             # The server went away (crash, restart, network cut) or forgot this node: our
             # state is on disk and in memory; register again and carry on where the
@@ -187,8 +193,15 @@ def _close_quietly(session: flwr_compat.FleetSession) -> None:
 
 
 def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_config,
-           poll: float, max_poll: float) -> None:
+           poll: float, max_poll: float, policy: SitePolicy) -> None:
     contexts: dict[int, Context] = {}
+
+    def pull(run_id: int, tree: object) -> Message:
+        # what this site accepts of one message from the server: its own file decides
+        return session.pull_message(run_id, tree, max_bytes=policy.max_message_bytes,
+                                    max_objects=MAX_MESSAGE_OBJECTS,
+                                    timeout=policy.message_timeout)
+
     # The next message comes about a round after this site's reply; wait through most of
     # that, then ask often (see fedbn_med.federation.pacing).
     pacer = Pacer(poll=poll, max_poll=max_poll)
@@ -212,7 +225,17 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
                     run_id=run_id, node_id=node_id, node_config=node_config,
                     state=RecordDict(), run_config=session.run_config(run_id),
                 )
-            message = session.pull_message(run_id, tree)
+            try:
+                message = pull(run_id, tree)
+            except flwr_compat.MessageRefused as err:
+                # answered at once, so the server's round need not wait for its timeout
+                logger.warning("Site %s refused a %s message from the server: %s",
+                               node_config.get("site"), head.metadata.message_type, err)
+                session.push_reply(run_id, Message(Error(
+                    code=flwr_compat.MESSAGE_REFUSED,
+                    reason=f"site refused the message: {err}"), reply_to=head), 0.0)
+                pacer.start()
+                continue
             started = time.monotonic()
             try:
                 reply = client_app(message=message, context=contexts[run_id])

@@ -26,16 +26,23 @@ else:  # pragma: no cover - Python 3.10
 if TYPE_CHECKING:
     from fedbn_med.fl.privacy import SitePrivacy
 
-__all__ = ["COMMON_KEYS", "DEFAULT_MAX_SCORES", "DP_KEYS", "SitePolicy",
+__all__ = ["COMMON_KEYS", "DEFAULT_MAX_MESSAGE_MB", "DEFAULT_MAX_SCORES",
+           "DEFAULT_MESSAGE_TIMEOUT_S", "DP_KEYS", "SitePolicy",
            "read_site_file", "share_private_layers", "site_path", "site_policy",
            "site_privacy", "site_seed_and_device", "sites_dir"]
 
 #: A site file's client-level DP entries: a noise floor, a delta ceiling, its clip norm.
 DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 #: Keys every task's site file may hold: the site's own privacy policy.
-COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run"})
+COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run",
+                         "max_message_mb", "message_timeout_s"})
 #: Scores (evaluations) a site sends per federation run unless its file says otherwise.
 DEFAULT_MAX_SCORES = 500
+#: The most MiB of one message from the server a site downloads unless its file says
+#: otherwise (the largest shipped network, DenseNet121, is about 27 MiB).
+DEFAULT_MAX_MESSAGE_MB = 512
+#: Seconds a site waits for a message's contents to arrive before it refuses the message.
+DEFAULT_MESSAGE_TIMEOUT_S = 60.0
 #: numpy's and torch's generators take seeds below 2**32.
 _MAX_SEED = 2**32 - 1
 
@@ -152,12 +159,19 @@ class SitePolicy:
         With a ceiling, the site sends updates only under DP.
     max_scores : int
         The most evaluations (scores of a global model) it sends per federation run.
+    max_message_bytes : int
+        The most bytes of one message from the server it downloads (``max_message_mb``).
+    message_timeout : float
+        Seconds it waits for a message's contents before it refuses the message
+        (``message_timeout_s``).
     path : Path or None
         The site file these came from (None: no file, the defaults).
     """
 
     epsilon_max: float | None = None
     max_scores: int = DEFAULT_MAX_SCORES
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_MB << 20
+    message_timeout: float = DEFAULT_MESSAGE_TIMEOUT_S
     path: Path | None = None
 
 
@@ -170,7 +184,7 @@ def _site_file(site: str, task: str) -> Path | None:
 
 
 def site_policy(site: str, task: str = "abide") -> SitePolicy:
-    """Return the site file's ceiling on DP epsilon and its budget of scores per run."""
+    """Return the site file's DP ceiling, scores per run, and bounds on server messages."""
     path = _site_file(site, task)
     if path is None:
         return SitePolicy()
@@ -187,5 +201,15 @@ def site_policy(site: str, task: str = "abide") -> SitePolicy:
     if isinstance(scores, bool) or not isinstance(scores, int) or not 0 <= scores <= 10**6:
         raise ValueError(f"Site file {path}: 'max_scores_per_run' must be an integer from 0 "
                          f"to 1000000, got {scores!r}.")
+    mb = raw.get("max_message_mb", DEFAULT_MAX_MESSAGE_MB)
+    if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 1 <= mb <= 65536:
+        raise ValueError(f"Site file {path}: 'max_message_mb' must be a number of MiB from 1 "
+                         f"to 65536 (the largest message from the server this site "
+                         f"downloads), got {mb!r}.")
+    wait = raw.get("message_timeout_s", DEFAULT_MESSAGE_TIMEOUT_S)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0.5 <= wait <= 3600:
+        raise ValueError(f"Site file {path}: 'message_timeout_s' must be a number of seconds "
+                         f"from 0.5 to 3600, got {wait!r}.")
     return SitePolicy(epsilon_max=None if ceiling is None else float(ceiling),
-                      max_scores=scores, path=path)
+                      max_scores=scores, max_message_bytes=int(mb * (1 << 20)),
+                      message_timeout=float(wait), path=path)
