@@ -52,3 +52,26 @@ def test_sums_in_another_order_do_differ() -> None:
     base = summed(replies)
     assert any(not torch.equal(summed(list(o)), base)
                for o in itertools.permutations(replies))
+
+
+def test_the_selected_round_and_its_scores_do_not_depend_on_the_order_of_site_rows() -> None:
+    import math
+
+    import numpy as np
+
+    from fedbn_med.evaluation.comparison import best_round, scores_at
+
+    losses = (0.1, 0.2, 0.3, 0.7)  # summed left to right, two orders differ in the last bit
+    assert len({float(np.mean(p)) for p in itertools.permutations(losses)}) > 1
+    sites = ("NYU", "UM", "USM", "UCLA")
+    picks, means = set(), set()
+    for order in itertools.permutations(range(4)):
+        rows = [{"round": 1, "site": s, "val_loss": v, "test_auc": v}
+                for s, v in zip(sites, losses)]
+        # round 2 ties round 1 exactly; its rows arrive in this order
+        rows += [{"round": 2, "site": sites[i], "val_loss": losses[i], "test_auc": losses[i]}
+                 for i in order]
+        picks.add(best_round(rows))
+        means.add(scores_at(rows, 2, "auc")["mean"])
+    assert picks == {1}  # the earliest of the tied rounds, in every order
+    assert means == {math.fsum(losses) / 4}

@@ -74,7 +74,9 @@ def _site_rows(rows: Iterable[Mapping[str, object]], rnd: int) -> dict[str, Mapp
 def _mean_over_sites(rows: Iterable[Mapping[str, object]], rnd: int, key: str) -> float:
     values = [float(r[key]) for r in _site_rows(rows, rnd).values()
               if key in r and math.isfinite(float(r[key]))]
-    return float(np.mean(values)) if values else math.nan
+    # fsum is exactly rounded, so the mean is the same whatever order the sites' rows came
+    # in (over Flower, the order their replies arrived): ties between rounds stay ties
+    return math.fsum(values) / len(values) if values else math.nan
 
 
 def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss", *,
@@ -136,7 +138,7 @@ def scores_at(rows: Sequence[Mapping[str, object]], rnd: int, metric: str
     per_site = {site: float(r[f"test_{metric}"])
                 for site, r in _site_rows(rows, rnd).items() if f"test_{metric}" in r}
     finite = [v for v in per_site.values() if math.isfinite(v)]
-    return {**per_site, "mean": float(np.mean(finite)) if finite else math.nan}
+    return {**per_site, "mean": math.fsum(finite) / len(finite) if finite else math.nan}
 
 
 def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
