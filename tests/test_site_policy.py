@@ -54,6 +54,11 @@ def test_site_file_values_out_of_range_name_the_file(tmp_path, text, message):
     ("dp_epsilon_max = inf\n", r"'dp_epsilon_max' must be a positive finite number .*got inf"),
     ("max_scores_per_run = 2.5\n", r"'max_scores_per_run' must be an integer from 0 to "
                                    r"1000000, got 2.5"),
+    ("max_message_mb = 0\n", r"'max_message_mb' must be a number of MiB from 1 to 65536 "
+                             r"\(the largest message from the server this site downloads\), "
+                             r"got 0"),
+    ("message_timeout_s = true\n", r"'message_timeout_s' must be a number of seconds from "
+                                   r"0.5 to 3600, got True"),
 ])
 def test_site_policy_errors(tmp_path, monkeypatch, text, message):
     monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
@@ -67,9 +72,13 @@ def test_site_policy_errors(tmp_path, monkeypatch, text, message):
 def test_site_policy_defaults_and_values(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
     assert site_policy("UCLA").max_scores == DEFAULT_MAX_SCORES
-    _write(tmp_path, "dp_epsilon_max = 8\nmax_scores_per_run = 0\n")
+    assert (site_policy("UCLA").max_message_bytes, site_policy("UCLA").message_timeout) == (
+        512 << 20, 60.0)
+    _write(tmp_path, "dp_epsilon_max = 8\nmax_scores_per_run = 0\nmax_message_mb = 1.5\n"
+                     "message_timeout_s = 4\n")
     policy = site_policy("UCLA")
     assert (policy.epsilon_max, policy.max_scores) == (8.0, 0)
+    assert (policy.max_message_bytes, policy.message_timeout) == (3 << 19, 4.0)
 
 
 def test_run_spec_values_out_of_range_are_value_errors():
@@ -197,3 +206,21 @@ def test_a_site_reads_no_path_and_no_server_setting(tmp_path, monkeypatch):
     bad = {RUN_CONFIG_KEY: json.dumps({"run": spec.to_dict(), "federation_id": "../x"})}
     with pytest.raises(ValueError, match="Refused federation id '../x'"):
         read_site_config(bad)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg_combat", "centralized"])
+def test_a_site_never_runs_a_strategy_that_reads_every_site(tmp_path, strategy):
+    from flwr.app import Context, RecordDict
+
+    from fedbn_med.federation.client_app import runtime
+    from fedbn_med.federation.config import NodeSettings
+
+    spec = RunSpec(strategy=strategy, rounds=1, sites=("NYU", "UM"))
+    cfg = run_config(spec, ServerSettings(workdir=tmp_path / "srv", federation_id="f-1"))
+    node = NodeSettings(site="NYU", state_dir=tmp_path / "state")
+    context = Context(run_id=1, node_id=1, node_config=node.to_node_config(),
+                      state=RecordDict(), run_config=cfg)
+    with pytest.raises(PermissionError, match=rf"Site NYU does not run strategy '{strategy}': "
+                                              r"it reads every site's data in one place"):
+        runtime(context)
+    assert not (tmp_path / "state").exists()  # refused before anything was built or written

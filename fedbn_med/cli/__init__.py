@@ -121,7 +121,8 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
     from fedbn_med.federation.run import FlowerOptions, run_flower
     from fedbn_med.training.tracked_run import run_tracked
 
-    local = [s for s in specs if s.strategy_obj().pooled or args.engine == "inprocess"]
+    local = [s for s in specs
+             if s.strategy_obj().reads_every_site or args.engine == "inprocess"]
     federated = [s for s in specs if s not in local]
     by_spec: dict[int, dict] = {}
     if federated:

@@ -265,6 +265,10 @@ def runtime(context: Context) -> SiteRuntime:
         # The spec without any path: the data are the node's own (--data-dir), else its
         # site file's, else the built-in data; nothing the server says names a path here.
         config, federation_id = read_site_config(context.run_config)
+        if config.strategy_obj().reads_every_site:  # whatever the server asks
+            raise PermissionError(
+                f"Site {node.site} does not run strategy '{config.strategy}': it reads every "
+                "site's data in one place, which a site never does for a federation.")
         policy = site_policy(node.site, config.task)
         state_path = node.state_path(federation_id)
         ledger = PrivacyLedger(Path(node.state_dir) / f"{node.site}.dp_ledger.json", node.site)

@@ -66,6 +66,9 @@ class Strategy:
     keeps_private: ClassVar[bool] = False
     exchanges: ClassVar[bool] = True
     pooled: ClassVar[bool] = False
+    #: Reads every site's data in one place (pooled training, or ComBat's pooled fit):
+    #: not federated, so it runs in process only, and no site runs it for a server.
+    reads_every_site: ClassVar[bool] = False
     controls: ClassVar[bool] = False
     #: Score after re-estimating the BN running statistics on the site's training data.
     site_bn_at_score: ClassVar[bool] = False
@@ -232,6 +235,7 @@ class FedAvgCombat(FedAvg):
 
     name: ClassVar[str] = "fedavg_combat"
     features: ClassVar[str | None] = "combat"
+    reads_every_site: ClassVar[bool] = True  # ComBat's pooled mean and variance
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,7 @@ class Centralized(Strategy):
 
     name: ClassVar[str] = "centralized"
     pooled: ClassVar[bool] = True
+    reads_every_site: ClassVar[bool] = True
 
 
 def weighted_average(

@@ -81,10 +81,10 @@ class FederationServer:
         self.config = config
         self.settings = settings
         self.strategy = config.strategy_obj()
-        if self.strategy.pooled:
+        if self.strategy.reads_every_site:
             raise ValueError(
-                f"Strategy '{self.strategy.name}' pools every site's data in one place; it is "
-                "not federated and runs in-process (pipelines/abide_fedbn.py does that)."
+                f"Strategy '{self.strategy.name}' reads every site's data in one place; it "
+                "is not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
         self.task = get_task(config.task)
         self.scores = score_names(self.task.score_metrics)  # the only scores a site may send
