@@ -244,8 +244,16 @@ def test_large_epsilon_warns_and_seeded_noise_is_labelled_not_private(
     # each message is said once per process: start from none said, whatever ran before
     monkeypatch.setattr(dp_terms, "_WARNED", set())
 
-    with pytest.warns(LargeEpsilonWarning, match=r"spends epsilon = .*above 10"):
+    with pytest.warns(LargeEpsilonWarning, match=r"spends add/remove epsilon = .*above 10"):
         RunSpec.for_task("abide", strategy="fedbn", dp_clip=1.0, dp_noise=0.5, rounds=31)
+    # add/remove under 10, replace-one over it (sigma 3.49, 30 rounds): warned too
+    from fedbn_med.fl.privacy import SAMPLE_RATE, epsilon
+
+    assert epsilon(3.49, 30, 1e-5) < 10 < dp_terms.replace_one_epsilon(
+        [(3.49, SAMPLE_RATE, 30)], 1e-5)
+    with pytest.warns(LargeEpsilonWarning, match=r"add/remove epsilon = 8\.\d+, "
+                                                 r"replace-one-patient epsilon 1\d\.\d+: above 10"):
+        RunSpec.for_task("abide", strategy="fedbn", dp_clip=1.0, dp_noise=3.49, rounds=30)
     with pytest.warns(LargeEpsilonWarning, match="NOT PRIVATE: seeded noise"):
         spec = RunSpec.for_task("abide", strategy="fedbn", dp_clip=1.0, dp_noise=5.0,
                                 rounds=3, dp_seeded_noise=True)

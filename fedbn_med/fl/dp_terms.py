@@ -6,7 +6,7 @@
   rather than ``C``, so each release is a Gaussian mechanism of half the noise
   multiplier; its epsilon is computed by the same accountant, not scaled by a factor.
 - :func:`warn_if_large`: an epsilon above :data:`EPSILON_WARNING` (10) protects little;
-  a run that spends more says so.
+  a run whose add/remove or replace-one epsilon exceeds it says so.
 - :func:`noise_generator`: a seeded noise mode for experiments (the same run gives the
   same noisy updates), labelled not private: whoever knows the run's seed can
   regenerate the noise and subtract it.
@@ -73,7 +73,10 @@ def replace_one_epsilon(history: Sequence[tuple[float, float, int]], delta: floa
 
 def warn_if_large(eps: float, who: str, *, replace_one: float | None = None,
                   seeded: bool = False) -> bool:
-    """Warn (``LargeEpsilonWarning`` and the log) when ``eps`` exceeds 10 or noise is seeded.
+    """Warn (``LargeEpsilonWarning`` and the log) when an epsilon exceeds 10 or noise is seeded.
+
+    ``eps`` is the add/remove epsilon; ``replace_one`` the replace-one-patient one, larger
+    (about 2 to 3 times): either above 10 warns, and the warning states both.
 
     Returns whether a warning was given.
     """
@@ -81,11 +84,13 @@ def warn_if_large(eps: float, who: str, *, replace_one: float | None = None,
     if seeded:
         messages.append(f"{who} adds seeded noise: {NOT_PRIVATE}; its epsilon is not a "
                         "guarantee (the noise can be regenerated from the run's seed).")
-    if math.isfinite(eps) and eps > EPSILON_WARNING:
-        extra = (f" (replace-one-patient epsilon {replace_one:.3g})"
+    large = [v for v in (eps, replace_one)
+             if v is not None and math.isfinite(v) and v > EPSILON_WARNING]
+    if large:
+        extra = (f", replace-one-patient epsilon {replace_one:.3g}"
                  if replace_one is not None else "")
-        messages.append(f"{who} spends epsilon = {eps:.3g}{extra}, above "
-                        f"{EPSILON_WARNING:g}: a weak guarantee. Raise --dp-noise or lower "
+        messages.append(f"{who} spends add/remove epsilon = {eps:.3g}{extra}: above "
+                        f"{EPSILON_WARNING:g}, a weak guarantee. Raise --dp-noise or lower "
                         "--rounds for a meaningful one.")
     for message in messages:
         if message in _WARNED:  # a spec is checked at every copy: say it once

@@ -202,7 +202,7 @@ class UpdatePrivacy:
         from fedbn_med.fl.dp_terms import replace_one_epsilon, warn_if_large
 
         warn_if_large(eps, who, seeded=self.seeded, replace_one=replace_one_epsilon(
-            [(self.noise, SAMPLE_RATE, rounds)], self.delta) if eps > 10 else None)
+            [(self.noise, SAMPLE_RATE, rounds)], self.delta))
         return eps
 
     def privatize(self, sent: Mapping[str, torch.Tensor], start: Mapping[str, torch.Tensor],
