@@ -3,8 +3,8 @@
 Every (fold, repetition) cell trains both strategies. In each run the validation curve
 (mean over sites of the validation accuracy, or ``--metric``) is smoothed by a trailing
 mean over ``--window`` rounds (validation sets are small, so one lucky round should not
-count); its rounds to a target are the first round at which the smoothed curve reaches
-it. No test split is looked at. A run that never reaches the target is censored at the
+count; no round before the first full window counts); its rounds to a target are the
+first round at which the smoothed curve reaches it. No test split is looked at. A run that never reaches the target is censored at the
 last round: it counts, as "not reached by round R", never as missing. Per target the
 table gives the cells reaching it, each strategy's restricted mean rounds (censored runs
 counted as R, so it is a lower bound where any are censored) with its interval, the
@@ -58,11 +58,18 @@ def _targets(text: str) -> tuple[float, ...]:
 
 
 def smoothed(values: np.ndarray, window: int) -> np.ndarray:
-    """Return the trailing mean over ``window`` rounds (shorter at the start)."""
+    """Return the trailing mean over ``window`` rounds; NaN until a full window has run.
+
+    NaN before round ``window``: a mean over fewer rounds (round 1 alone, at the start)
+    would let one lucky round count, which the window is there to prevent.
+    """
+    values = np.asarray(values, dtype=np.float64)
     cumsum = np.concatenate([[0.0], np.cumsum(values)])
     idx = np.arange(1, values.size + 1)
     lo = np.maximum(idx - window, 0)
-    return (cumsum[idx] - cumsum[lo]) / (idx - lo)
+    out = (cumsum[idx] - cumsum[lo]) / (idx - lo)
+    out[idx < window] = np.nan
+    return out
 
 
 def rounds_to(values: np.ndarray, target: float) -> int | None:
