@@ -4,12 +4,13 @@ Every (fold, repetition) cell trains both strategies. In each run the validation
 (mean over sites of the validation accuracy, or ``--metric``) is smoothed by a trailing
 mean over ``--window`` rounds (validation sets are small, so one lucky round should not
 count; no round before the first full window counts); its rounds to a target are the
-first round at which the smoothed curve reaches it. No test split is looked at. A run that never reaches the target is censored at the
-last round: it counts, as "not reached by round R", never as missing. Per target the
-table gives the cells reaching it, each strategy's restricted mean rounds (censored runs
-counted as R, so it is a lower bound where any are censored) with its interval, the
-paired difference FedAvg - FedBN of those (above 0: FedBN needs fewer rounds) with the
-corrected resampled-t interval, and the Kaplan-Meier median rounds.
+first round at which the smoothed curve reaches it. No test split is looked at. A run
+that never reaches the target is censored at the last round: it counts, as "not
+reached by round R", never as missing. Per target the table gives the cells reaching
+it, each strategy's restricted mean rounds (censored runs counted as R, so it is a
+lower bound where any are censored) with its interval, the paired difference FedAvg -
+FedBN of those (above 0: FedBN needs fewer rounds) with the corrected resampled-t
+interval, and the Kaplan-Meier median rounds.
 
     python benchmarks/rounds_to_target.py [--quick] [--targets 0.55,0.6,0.65,0.7]
                                           [--metric accuracy] [--window 5] [--seeds S]

@@ -186,22 +186,30 @@ def test_interval_design(bench: Loader, abide_release: Path, store: str, tmp_pat
     _benchmark_run(store, "interval_design")
 
 
-def test_paper_pipeline(bench: Loader, abide_release: Path, tmp_path: Path, capsys) -> None:
-    module = bench("paper_pipeline")
-    cells = tmp_path / "cells.csv"
-    assert module.main(["--quick", "--data-dir", str(abide_release), "--window-step", "24",
-                        "--out", str(cells)]) == 0
+def test_paper_pipeline(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
+                        capsys) -> None:
+    out = tmp_path / "out"
+    assert bench("paper_pipeline").main(["--quick", "--data-dir", str(abide_release),
+                                         "--window-step", "24", "--out", str(out),
+                                         "--tracking-uri", store]) == 0
     printed = capsys.readouterr().out
-    (header, body), = _tables(printed)
-    assert header[:3] == ["pipeline", "strategy", "folds"]
-    assert [(r[0], r[1], r[2]) for r in body] == [
-        (p, s, "1") for p in ("default", "paper") for s in ("fedavg", "fedbn")]
-    assert all(0 <= _numbers(c)[0] <= 100 for r in body for c in (r[3], r[4], r[6]))
-    assert "sites PITT,YALE; 2 rounds; 1 folds" in printed
-    rows = _csv(cells)
-    assert len(rows) == 4 and all(1 <= int(r["val_round"]) <= 2 for r in rows)
-    assert module.main(["--from-csv", str(cells)]) == 0  # the cells give the same table
-    assert capsys.readouterr().out.strip() == printed.split("\n\n")[0].strip()
+    (header, body), (gap_header, gaps) = _tables(printed)[:2]
+    assert header[:2] == ["pipeline", "method"]
+    assert [(r[0], r[1]) for r in body] == [
+        ("default", "FedBN"), ("default", "FedAvg"), ("paper", "FedBN"), ("paper", "FedAvg"),
+        ("(either)", "Majority class"), ("(either)", "Motion only (mean FD)")]
+    for row in body[:4]:
+        assert all(0 <= _numbers(c)[0] <= 100 for c in row[2:6])
+        assert _numbers(row[6])[0] >= 0  # the best test round is never below the honest one
+    assert body[4][3].startswith("50.0")  # the majority class ranks nobody: AUC 50 %
+    assert [r[0] for r in gaps] == ["paper - default", "paper - default",
+                                    "default: FedBN - FedAvg", "paper: FedBN - FedAvg"]
+    rows = _csv(out / "table.csv")
+    assert len(rows) == 4
+    for row in rows:
+        assert 1 <= int(row["val_round"]) <= 2 and 1 <= int(row["best_test_round"]) <= 2
+        assert float(row["best_test_accuracy"]) >= float(row["honest_accuracy"])
+    _benchmark_run(store, "paper_pipeline")
 
 
 def test_scan_throughput(bench: Loader, tmp_path: Path, capsys) -> None:
