@@ -6,9 +6,11 @@ each run as the pipeline does: at its selected round, the one with the lowest me
 validation loss over the sites (:meth:`fedbn_med.training.inprocess.History.best_round`, the
 protocol's rule), with the last round beside it. Per fold it prints each site's test
 accuracy / balanced accuracy / AUC at that round, the site means, the mean majority rate
-(what predicting each site's training majority scores), the last round's mean accuracy,
-and the sites whose model predicts one class only; then the folds' per-site table of the
-first fold as the pipeline prints it.
+(what predicting each site's training majority scores), the mean AUC of the motion-only
+row (a logistic regression of the diagnosis on mean FD, fitted on each site's training
+split of the same fold), the last round's mean accuracy, and the sites whose model
+predicts one class only; then the folds' per-site table of the first fold as the
+pipeline prints it.
 
     python benchmarks/default_run.py [--quick] [--folds 5] [--rounds R]
         [--sites PITT,YALE,KKI,TRINITY --data-dir REAL]
@@ -83,6 +85,16 @@ def default_spec(args: argparse.Namespace) -> RunSpec:
     return RunSpec.for_task("abide", **overrides)
 
 
+def _motion_auc(spec: RunSpec) -> dict[str, float]:
+    """Return the motion-only row's test AUC per site of the spec's fold, and the mean."""
+    from fedbn_med.evaluation.cell_data import prepare_sites
+    from fedbn_med.evaluation.comparison import MOTION
+    from fedbn_med.evaluation.references import reference_cells
+
+    cells = reference_cells(spec.fold, spec.seed, prepare_sites(spec))
+    return next(c for c in cells if c.strategy == MOTION).scores["best"]["auc"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the default spec on each fold and print the per-fold, per-site table."""
     parser = argparse.ArgumentParser(prog=f"benchmarks/{NAME}.py",
@@ -96,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict[str, object]] = []
     for fold in range(folds):
         result = run(spec.replace(fold=fold)).result()
+        motion = _motion_auc(spec.replace(fold=fold))
         sel, last = result.selected, result.last
         accs = [float(sel[s]["test_accuracy"]) for s in spec.sites]
         bals = [float(sel[s]["test_balanced_accuracy"]) for s in spec.sites]
@@ -107,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f" / {_pct(sel[s]['test_auc'])}" for s in spec.sites]
         body.append([fold, f"{result.selected_round} of {result.last_round}", *cells,
                      _pct(sum(accs) / len(accs)), _pct(sum(bals) / len(bals)),
-                     _pct(sum(majority) / len(majority)),
+                     _pct(sum(majority) / len(majority)), _pct(motion["mean"]),
                      _pct(sum(float(last[s]["test_accuracy"]) for s in spec.sites)
                           / len(spec.sites)),
                      ", ".join(result.one_class) or "none"])
@@ -116,12 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                      **{f"{k}": sel[s].get(f"test_{k}", float("nan"))
                         for k in ("n", "accuracy", "balanced_accuracy", "auc",
                                   "majority_rate", "positive_rate")},
+                     "motion_only_auc": motion[s],
                      "last_accuracy": last[s]["test_accuracy"]} for s in spec.sites)
         if fold == 0:
             first_table = result.table
     table = markdown_table(
         ["fold", "selected round", *[f"{s} acc / bal. acc / AUC (%)" for s in spec.sites],
          "mean acc (%)", "mean bal. acc (%)", "mean majority rate (%)",
+         "motion only: mean AUC (%)",
          "last round: mean acc (%)", "one class only"], body)
     data = "built-in cohort" if args.data_dir is None else f"real ABIDE ({args.data_dir})"
     print(f"{spec.label}, {spec.rounds} rounds, seed {spec.seed}, {data}; test split at the "

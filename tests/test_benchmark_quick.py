@@ -129,8 +129,10 @@ def test_default_run(bench: Loader, abide_release: Path, capsys) -> None:
                           "YALE acc / bal. acc / AUC (%)"]
     (row,) = body
     assert row[0] == "0" and re.fullmatch(r"[1-5] of 5", row[1])
-    for cell in row[2:8]:
+    for cell in row[2:9]:
         assert all(0 <= v <= 100 for v in _numbers(cell))
+    assert header[5:8] == ["mean bal. acc (%)", "mean majority rate (%)",
+                           "motion only: mean AUC (%)"]
     assert site_header[0] == "site" and [r[0] for r in sites] == ["PITT", "YALE", "mean"]
 
 
