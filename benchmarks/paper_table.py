@@ -16,6 +16,7 @@ FedBN - FedAvg and FedBN - SingleSet (corrected), and FedBN's one-class site res
 
     python benchmarks/paper_table.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
                                      [--seeds S] [--weighting samples|equal]
+                                     [--strategies singleset,fedavg,...,silobn,...]
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from __future__ import annotations
 import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
+import argparse
 from collections.abc import Sequence
 
 from _common import LABELS, Benchmark, Budget, make_parser, strategy_config
 from _paper_target import target_section
 from _sweep import publish_site_comparison
+
+from fedbn_med.tasks.abide.settings import COMPARE
 
 NAME = "paper_table"
 STRATEGIES = ("singleset", "fedavg", "fedprox", "fedbn", "centralized")
@@ -43,6 +47,16 @@ PAPER = """Paper (FedBN, ICLR 2021), accuracy (%) mean (std) over 5 runs:
 | FedBN | 65.6 (1.1) | 75.1 (1.4) | 68.6 (2.9) | 65.5 (1.0) | 68.7 |"""
 
 
+def _strategies(text: str) -> tuple[str, ...]:
+    """Parse a comma-separated list of strategies of ``--compare`` (an argparse ``type``)."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [n for n in names if n not in COMPARE]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"expected strategies among {','.join(COMPARE)}, "
+                                         f"got {text!r}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every strategy on every (fold, seed) and publish the protocol's tables."""
     parser = make_parser(NAME, __doc__.splitlines()[0],
@@ -50,9 +64,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                          quick=Budget(rounds=3, folds=1, seeds=1))
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
                         help="how shared weights are averaged (default samples)")
+    parser.add_argument("--strategies", type=_strategies, default=STRATEGIES,
+                        help=f"comma-separated strategies (default {','.join(STRATEGIES)}; "
+                             "all the baselines that isolate FedBN's mechanism: "
+                             f"{','.join(COMPARE)})")
     bench = Benchmark(parser, argv)
-    specs = {LABELS[s]: strategy_config(bench, s, sites=SITES, weighting=bench.args.weighting)
-             for s in STRATEGIES}
+    specs = {LABELS.get(s, s): strategy_config(bench, s, sites=SITES,
+                                               weighting=bench.args.weighting)
+             for s in bench.args.strategies}
     return publish_site_comparison(
         bench, specs, SITES, notes=PAPER,
         title=f"ABIDE, {bench.args.rounds} rounds, {len(bench.cells)} cells",

@@ -125,6 +125,7 @@ def test_sweep_table_shows_the_corrected_interval_of_its_cells(bench, store, tmp
 @pytest.mark.parametrize(("name", "argv", "message"), [
     ("paper_table", ["--folds", "7"], "--folds must be at most 5"),
     ("paper_table", ["--rounds", "0"], "expected a positive integer, got 0"),
+    ("paper_table", ["--strategies", "fedbn,fedsgd"], "expected strategies among singleset,"),
     ("local_epochs", ["--epochs", "1,0"], "expected positive integers such as 1,4,8,16"),
     ("local_epochs", ["--epochs", "1,16", "--rounds", "8"],
      "every E in --epochs must be at most the epoch budget --rounds 8"),
