@@ -57,7 +57,8 @@ class _BestRoundKeeper:
     def __call__(self, rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
         values = [float(m[self.key]) for m in metrics.values()
                   if self.key in m and math.isfinite(float(m[self.key]))]
-        value = self.sign * float(np.mean(values)) if values else math.inf
+        # the same exactly rounded mean as best_round: the two never disagree on a near-tie
+        value = self.sign * math.fsum(values) / len(values) if values else math.inf
         # as best_round: the best finite mean, the earliest on ties; none: the last round
         if math.isfinite(self.best_value) and not value < self.best_value:
             return
