@@ -238,15 +238,19 @@ class FederationTracker:
         self.client.log_artifact(self.parent_id, str(path), artifact_path)
 
     def log_shared_weights(self, weights: Mapping[str, torch.Tensor],
-                           private_keys: Iterable[str] = ()) -> None:
-        """Store the final global weights as safetensors; refuses any site-private key."""
+                           private_keys: Iterable[str] = (), artifact_path: str = "model"
+                           ) -> None:
+        """Store global weights as safetensors under ``artifact_path``; refuse private keys.
+
+        ``model``: the last round's; ``model/selected``: the selected round's.
+        """
         leaked = set(weights) & set(private_keys)
         if leaked:
             raise ValueError(f"Refusing to log site-private tensors: {sorted(leaked)[:5]}.")
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "shared_weights.safetensors"
             save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(path))
-            self.client.log_artifact(self.parent_id, str(path), "model")
+            self.client.log_artifact(self.parent_id, str(path), artifact_path)
 
     def finish(self, status: str = "FINISHED") -> None:
         """Close the parent and child runs with ``status`` (:func:`tracked` calls this)."""

@@ -102,6 +102,44 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
                                           tmp_path, tmp_path / "artifacts")
 
 
+def test_the_saved_selected_model_is_the_model_the_result_scores(federation, small_cohort,
+                                                                  tmp_path):
+    """The selected round's shared weights (server) with each site's private layers of that
+    round (kept at the site) score, at the site, what the results table reports."""
+    from fedbn_med.tasks.abide.build import build_site
+
+    config = RunSpec(strategy="fedbn", rounds=5, sites=SITES, data_dir=small_cohort,
+                     device="cpu")
+    result, _ = _submit(federation, config, tmp_path)
+    chosen = result["selected_round"]
+    shared, meta = load_tensors(tmp_path / "server" / "selected.safetensors")
+    assert meta["round"] == chosen
+    in_process = run_spec(config)[0]  # the same run in this process keeps the same weights
+    assert in_process.selected_round == chosen
+    for key, tensor in in_process.selected_weights.items():
+        assert torch.equal(shared[key], tensor), key
+    torch.set_num_threads(1)
+    for site in SITES:
+        (kept,) = federation.workdir.rglob(f"{tmp_path.name}/{site}.round-{chosen}.safetensors")
+        others = sorted(p.name for p in kept.parent.glob(f"{site}.round-*.safetensors"))
+        assert len(others) <= 2  # the selected round's and the last round's, no more
+        trainer = build_site(site, config, small_cohort, "cpu")
+        trainer.load_kept(load_tensors(kept)[0])
+        scores = trainer.score(shared)
+        for name in ("test_accuracy", "test_auc", "val_loss"):
+            assert scores[name] == pytest.approx(result["selected"][site][name], abs=1e-4), \
+                (site, name)
+    if chosen != config.rounds:
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        (parent,) = [r for r in client.search_runs(
+            [client.get_experiment_by_name("abide-fedbn").experiment_id])
+            if r.data.tags.get("kind") == "federation"]
+        assert [a.path for a in client.list_artifacts(parent.info.run_id, "model/selected")] \
+            == ["model/selected/shared_weights.safetensors"]
+        assert f"the shared weights of the selected round {chosen} (model/selected)" in \
+            result["table"]
+
+
 def test_fedbn_scaffold_over_flower_matches_in_process_driver(federation, small_cohort,
                                                              tmp_path):
     config = RunSpec(strategy="fedbn-scaffold", rounds=3, sites=SITES, data_dir=small_cohort,

@@ -60,6 +60,11 @@ def test_the_table_has_test_n_wilson_majority_rate_and_the_last_round_beside() -
         result.table
     assert "Saved model: the shared weights of round 3, not of the selected round 2." in \
         result.table
+    kept = run_result(_rows(), weights_round=3, selected_weights_round=2,
+                      private_note=" Each site keeps its private layers of round 2.")
+    assert ("Saved models: the shared weights of the selected round 2 (model/selected) and "
+            "of the last round 3 (model). Each site keeps its private layers of round 2.") in \
+        kept.table
     assert result.one_class == () and "Warning" not in result.table
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from fedbn_med.checkpoint import save_tensors
+from fedbn_med.checkpoint import load_tensors, save_tensors
 from fedbn_med.federation.client_app import SiteRuntime, bounded
 from fedbn_med.federation.config import (
     ServerSettings,
@@ -224,3 +224,23 @@ def test_a_site_never_runs_a_strategy_that_reads_every_site(tmp_path, strategy):
                                               r"it reads every site's data in one place"):
         runtime(context)
     assert not (tmp_path / "state").exists()  # refused before anything was built or written
+
+
+def test_a_site_keeps_its_private_layers_of_the_claimed_best_round_and_its_latest(tmp_path):
+    from fedbn_med.federation.kept_rounds import keep_rounds, round_file
+
+    state = tmp_path / "f-1" / "UCLA.safetensors"
+    state.parent.mkdir()
+    layers = {"bn.running_mean": torch.zeros(3)}
+    assert keep_rounds(state, layers, 0, 0) == []  # no round trained yet: nothing written
+    assert keep_rounds(state, {}, 4, 2) == []  # no private layers (FedAvg): nothing either
+    # the server's claim at each round: the best scored so far, of the rounds before
+    for rnd, best in ((1, 0), (2, 1), (3, 2)):
+        keep_rounds(state, {"bn.running_mean": torch.full((3,), float(rnd))}, rnd, best)
+    assert keep_rounds(state, layers, 4, 2) == [2, 4]  # rounds 1 and 3 can no longer win
+    assert load_tensors(round_file(state, 2))[0]["bn.running_mean"].tolist() == [2.0] * 3
+    # a claim the site cannot have (a later round, a bool, a string) keeps the latest only
+    for claim in (9, True, "2", -1):
+        keep_rounds(state, layers, 4, 2)
+        assert keep_rounds(state, layers, 5, claim) == [5]
+    assert sorted(p.name for p in state.parent.iterdir()) == ["UCLA.round-5.safetensors"]

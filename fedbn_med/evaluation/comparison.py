@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "Cell", "Comparison",
-    "SitePredictions", "best_round", "interval", "scores_at",
+    "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
 ]
 
 #: The two rounds a run is scored at.
@@ -130,6 +130,38 @@ def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss", *,
                            "accuracy instead.", key)
         return best_round(rows, "accuracy")
     return best
+
+
+class RunningBest:
+    """The best round so far by :func:`best_round`'s rule, taken one round at a time.
+
+    For keeping the selected round's weights while a run goes on: :meth:`take` says
+    whether the round just scored is the best so far (lowest mean validation loss over
+    the sites, the earliest on ties, a round with a non-finite site score never). It
+    covers :func:`best_round`'s ordinary case only: where that falls back (no round with
+    a finite validation loss) this keeps none, and ``best`` stays 0.
+    """
+
+    def __init__(self) -> None:
+        self.best = 0
+        self._value = math.inf
+
+    def take(self, rnd: int, sites: Iterable[Mapping[str, object]]) -> bool:
+        """Take round ``rnd``'s per-site metrics; return whether it is the best so far."""
+        values = []
+        for metrics in sites:
+            if "val_loss" in metrics:
+                value = float(metrics["val_loss"])  # type: ignore[arg-type]
+                if not math.isfinite(value):
+                    return False  # its model broke at some site: never selected
+                values.append(value)
+        if not values:
+            return False
+        mean = math.fsum(values) / len(values)  # as _mean_over_sites
+        if mean < self._value:
+            self.best, self._value = rnd, mean
+            return True
+        return False
 
 
 def scores_at(rows: Sequence[Mapping[str, object]], rnd: int, metric: str

@@ -174,7 +174,8 @@ def _one_class(selected: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
 
 
 def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = None, *,
-               weights_round: int | None = None) -> RunResult:
+               weights_round: int | None = None, selected_weights_round: int | None = None,
+               private_note: str = "") -> RunResult:
     """Return a run's result from its per-round rows: the selected round, then the last.
 
     Parameters
@@ -186,6 +187,11 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
     weights_round : int, optional
         The round whose shared weights the run saves, stated under the table (None: the
         run saves no shared weights, e.g. SingleSet).
+    selected_weights_round : int, optional
+        The round of the selected round's shared weights the run saves too (None: none
+        kept); stated only when it is the selected round.
+    private_note : str
+        Where the sites keep their private layers of the selected round, said after.
     """
     chosen = best_round(rows)
     last = max(int(r["round"]) for r in rows)
@@ -203,7 +209,11 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
         notes.append("No shared weights are saved.")
     elif weights_round == chosen:
         notes.append(f"Saved model: the shared weights of round {weights_round}, the "
-                     "selected round.")
+                     f"selected round.{private_note}")
+    elif selected_weights_round == chosen:
+        notes.append(f"Saved models: the shared weights of the selected round {chosen} "
+                     f"(model/selected) and of the last round {weights_round} "
+                     f"(model).{private_note}")
     else:
         notes.append(f"Saved model: the shared weights of round {weights_round}, not of the "
                      f"selected round {chosen}.")

@@ -39,6 +39,7 @@ from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
 from fedbn_med.federation.config import NodeSettings, read_site_config
+from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
 from fedbn_med.fl.partition import select
@@ -83,9 +84,13 @@ class SiteRuntime:
         """Return the keys that never leave the site under this strategy."""
         return self.trainer.kept
 
+    def kept_state(self) -> dict:
+        """Return the layers this site keeps (never sent), as they are in memory now."""
+        return select(self.trainer.model.state_dict(), self.kept_keys)
+
     def kept_hash(self) -> str:
         """Return the hash of the state this site keeps, as it is in memory now."""
-        return state_hash(select(self.trainer.model.state_dict(), self.kept_keys))
+        return state_hash(self.kept_state())
 
     def save(self, rnd: int) -> str:
         """Persist the kept state after a round; return its hash.
@@ -339,6 +344,8 @@ def train(msg: Message, context: Context) -> Message:
             sections["eval"] = rt.score(weights, rnd - 1)
         else:
             logger.info("Round %d: no scores sent: %s", rnd, refusal)
+    # this site's private layers now are those of round rnd - 1: kept with the best's
+    keep_rounds(rt.state_path, rt.kept_state(), rnd - 1, cfg.get("selected-round"))
     rt.check_release()
     epochs = cfg.get("local-epochs")
     plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
@@ -379,6 +386,8 @@ def evaluate(msg: Message, context: Context) -> Message:
                                        f"{refusal}."))
     metrics = rt.score(weights, rnd)
     rt.save(rt.trainer.rounds_trained)
+    keep_rounds(rt.state_path, rt.kept_state(), rt.trainer.rounds_trained,
+                payload.section("config").get("selected-round"))
     return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
 
 

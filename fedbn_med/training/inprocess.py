@@ -40,13 +40,18 @@ class History:
     rows : list of dict
         One row per (round, site): ``{"round": r, "site": s, "num_examples": n, ...}``.
     global_weights : dict
-        The final values of the exchanged keys (empty for SingleSet): the last round's,
-        not the selected round's (:meth:`best_round`).
+        The final values of the exchanged keys (empty for SingleSet): the last round's.
+    selected_weights : dict
+        Those of the selected round (:meth:`best_round`), the weights its scores are of.
+    selected_round : int
+        The round of ``selected_weights`` (0: none kept).
     """
 
     strategy: str
     rows: list[dict[str, float | int | str]] = field(default_factory=list)
     global_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    selected_weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    selected_round: int = 0
 
     @property
     def rounds(self) -> int:
@@ -81,7 +86,9 @@ class History:
         """Return the run's result: the selected round, the last round and their table."""
         from fedbn_med.evaluation.report import run_result
 
-        return run_result(self.rows, weights_round=self.rounds if self.global_weights else None)
+        return run_result(self.rows, weights_round=self.rounds if self.global_weights else None,
+                          selected_weights_round=self.selected_round
+                          if self.selected_weights else None)
 
 
 RoundCallback = Callable[[int, Mapping[str, Mapping[str, float]]], None]
@@ -132,7 +139,10 @@ def run_in_process(
         raise ValueError("A federation needs at least one site; none was given.")
     if strategy.pooled and pooled is None:
         raise ValueError(f"Strategy '{strategy.name}' needs the pooled trainer (pooled=...).")
+    from fedbn_med.evaluation.comparison import RunningBest
+
     history = History(strategy=strategy.label)
+    running = RunningBest()
     for trainer in (*trainers.values(), *([pooled] if pooled is not None else [])):
         trainer.pin_threads()  # this process computes for every site
     first = pooled if strategy.pooled and pooled is not None else next(iter(trainers.values()))
@@ -171,10 +181,16 @@ def run_in_process(
                 round_metrics[site].update(bounded(trainer.score(global_weights)))
         for site in trainers:
             history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
+        if evaluate and global_weights and running.take(rnd, round_metrics.values()):
+            # the best round so far: its shared weights are the selected model's, for now
+            history.selected_weights = {k: v.detach().clone() for k, v in global_weights.items()}
+            history.selected_round = rnd
         if on_round is not None:
             on_round(rnd, round_metrics)
         logger.debug("round %d done: %s", rnd, round_metrics)
     history.global_weights = global_weights
+    if history.selected_round and history.selected_round != history.best_round():
+        history.selected_weights, history.selected_round = {}, 0  # best_round fell back
     return history
 
 

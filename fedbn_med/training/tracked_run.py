@@ -60,6 +60,8 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         tracker.log_metrics({"selected_round": result.selected_round})
         if history.global_weights:
             tracker.log_shared_weights(history.global_weights, kept)
+        if history.selected_weights and history.selected_round == result.selected_round:
+            tracker.log_shared_weights(history.selected_weights, kept, "model/selected")
     return {"strategy": history.strategy, "selected": result.selected,
             "selected_round": result.selected_round, "final": result.last,
             "last_round": result.last_round, "table": result.table, "rows": history.rows,

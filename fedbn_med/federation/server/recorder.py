@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
+from fedbn_med.evaluation.comparison import RunningBest, best_round
 from fedbn_med.evaluation.report import convergence_plot, metrics_at, run_result
 from fedbn_med.federation.events import (
     Done,
@@ -70,6 +71,9 @@ class RunRecorder:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.progress = self.workdir / "progress.jsonl"
         self.checkpoint = self.workdir / "server" / "global.safetensors"
+        #: the shared weights of the best round so far, the weights its scores are of
+        self.selected = self.workdir / "server" / "selected.safetensors"
+        self.running = RunningBest()
         self.tracking_uri = tracking_uri
         self.rows: list[dict[str, object]] = []  # every completed round, one row per site
         self.tracker: FederationTracker | None = None
@@ -154,6 +158,20 @@ class RunRecorder:
         self._hand_over_logging()
         self.event(Round(round=rnd, sites=round_metrics))
 
+    def start_afresh(self) -> None:
+        """Forget a selected model left in this workdir by an earlier run (not resumed)."""
+        self.selected.unlink(missing_ok=True)
+
+    def keep_if_best(self, rnd: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Keep ``weights``, those round ``rnd``'s scores are of, if ``rnd`` is the best yet.
+
+        Written atomically beside the checkpoint, so a resumed run keeps it; the run's
+        end logs it as the selected model (``model/selected``).
+        """
+        metrics = [r for r in self.rows if r["round"] == rnd]
+        if weights and self.running.take(rnd, metrics):
+            save_tensors(self.selected, dict(weights), {"round": rnd})
+
     def _hand_over_logging(self, now: bool = False, every: float = 2.0) -> None:
         # Rounds go to MLflow in batches, every ``every`` seconds, on the tracking thread:
         # the store sees each round within seconds, and a round never waits for it. What
@@ -192,8 +210,22 @@ class RunRecorder:
         tensors, meta = load_tensors(self.checkpoint)
         done, reference = resume_point(meta, self.checkpoint)
         self.rows = list(cast("list[dict[str, object]]", meta.get("rows", [])))
+        for rnd in sorted({int(r["round"]) for r in self.rows}):  # type: ignore[call-overload]
+            self.running.take(rnd, [r for r in self.rows if r["round"] == rnd])
         return Resumed(done, tensors, dict(cast(Fits, meta.get("pending", {}))), reference,
                        str(meta.get("parent_run_id") or "") or None)
+
+    def _selected_round(self) -> int | None:
+        """Return the round of the kept selected weights (None: none kept, or unreadable)."""
+        if not self.selected.exists():
+            return None
+        try:
+            rnd = load_tensors(self.selected)[1].get("round")
+        except (OSError, ValueError) as err:
+            logger.warning("The selected round's weights %s are unreadable (%s): only the "
+                           "last round's are saved.", self.selected, err)
+            return None
+        return rnd if isinstance(rnd, int) and not isinstance(rnd, bool) else None
 
     # -- the end -------------------------------------------------------------------------
     def finish(self, strategy: str, rounds: int, sites: Collection[str],
@@ -208,8 +240,13 @@ class RunRecorder:
         final = metrics_at(self.rows, rounds, tuple(sites))
         # The run's result is the round of lowest mean validation loss over the sites
         # (the protocol's rule, as in-process); the last round's scores go beside it.
-        result = run_result(self.rows, tuple(sites),
-                            weights_round=rounds if weights else None) if self.rows else None
+        chosen = best_round(self.rows) if self.rows else 0
+        kept = self._selected_round() if weights else None
+        note = (f" Each site keeps its private layers of round {chosen} beside its state "
+                f"(<site>.round-{chosen}.safetensors)." if private and kept == chosen else "")
+        result = run_result(self.rows, tuple(sites), weights_round=rounds if weights else None,
+                            selected_weights_round=kept, private_note=note
+                            ) if self.rows else None
         table = result.table if result is not None else "No round completed."
         results = {"strategy": strategy, "rounds": rounds, "rows": self.rows, "final": final,
                    "table": table,
@@ -228,6 +265,9 @@ class RunRecorder:
         tracker.log_file(plot)
         if weights:
             tracker.log_shared_weights(dict(weights), private)
+        if kept is not None and kept == chosen and kept != rounds:
+            tracker.log_shared_weights(load_tensors(self.selected)[0], private,
+                                       "model/selected")
         self._tracking.close()  # the runs end FINISHED
         self.event(Done(table=table))
 

@@ -146,9 +146,11 @@ class FederationServer:
     def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
                   ) -> list[Message]:
         # Every site gets the same content: packed once, stored once by the SuperLink.
+        # selected-round: the best round scored so far, whose private layers each site
+        # keeps (the selected model is that round's shared weights with them)
         content = pack(join_controls(self.global_weights, self.control), config={
             "round": rnd, "local-epochs": self.config.local_epochs,
-            "evaluate-first": evaluate_first})
+            "evaluate-first": evaluate_first, "selected-round": self.recorder.running.best})
         return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
                 for n in nodes]
 
@@ -163,6 +165,8 @@ class FederationServer:
                 built = pool.submit(self._build_model)
                 self.registry.discover()
                 built.result()  # the model's own error, if building it failed
+            if not self.settings.resume:
+                recorder.start_afresh()
             parent_id = self.resume() if self.settings.resume else None
             recorder.open_tracking(
                 self.settings.experiment or self.task.experiment, self.strategy.label,
@@ -184,6 +188,7 @@ class FederationServer:
             nodes = self.registry.live()
         started = time.monotonic()
         plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
+        scored = self.global_weights  # round rnd - 1's aggregate: what the sites score now
         replies = self.grid.send(self._messages(nodes, MessageType.TRAIN, rnd,
                                                 plan.evaluate_first),
                                  timeout=self.settings.round_timeout)
@@ -213,6 +218,7 @@ class FederationServer:
         # a crash from here on loses neither.
         if plan.evaluate_first:
             self.recorder.complete(rnd - 1, pending, got.evals)
+            self.recorder.keep_if_best(rnd - 1, scored)
         self.recorder.save(rnd, join_controls(self.global_weights, self.control), got.fits,
                            self.strategy.label, self.norm_reference)
         self.recorder.event(Trained(
@@ -274,6 +280,7 @@ class FederationServer:
                 self.recorder.event(EvaluationRefused(site=site, reason=why))
         if pending:
             self.recorder.complete(self.config.rounds, pending, evals)
+            self.recorder.keep_if_best(self.config.rounds, self.global_weights)
         self.recorder.finish(self.strategy.label, self.config.rounds, self.config.sites,
                              self.global_weights,
                              self.strategy.kept_keys(self.partition))
