@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from fedbn_med.training.trainer import SiteData
 
 __all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "interval_caption",
-           "publish_site_comparison", "run_grid", "summary", "sweep"]
+           "publish_site_comparison", "reference_caption", "references", "run_grid",
+           "summary", "sweep"]
 
 V = TypeVar("V", bound=Hashable)
 #: Which interval a table gives: the corrected resampled t, or the naive t over cells.
@@ -102,6 +103,34 @@ def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
         comparisons[value].add(Cell.from_rows(strategy, fold, seed, history.rows,
                                               metrics=metrics, selection=selection))
     return comparisons
+
+
+def references(bench: Benchmark) -> Comparison:
+    """Return the majority-class and motion-only rows of the invocation's cells (ABIDE).
+
+    Fitted per site on the training split of each (fold, seed) cell, as the comparison
+    protocol fits them (:func:`fedbn_med.evaluation.references.add_reference_rows`), so
+    a sweep's table can show them beside its methods on the same cells.
+    """
+    from fedbn_med.evaluation.references import add_reference_rows
+    from fedbn_med.evaluation.runner import task_metrics
+
+    base = bench.config()
+    comparison = Comparison(sites=tuple(base.sites), metric_names=task_metrics(base.task))
+    add_reference_rows(comparison, base, bench.cells)
+    return comparison
+
+
+def reference_caption(bench: Benchmark, metric: str = METRIC) -> str:
+    """Return a caption line: the reference rows' test ``metric`` on the same cells."""
+    from fedbn_med.evaluation.comparison import REFERENCES
+    from fedbn_med.evaluation.tables import format_stats
+
+    rows = references(bench)
+    parts = [f"{name} {format_stats(*corrected(rows.values(name, 'best', metric).values()))} %"
+             for name in REFERENCES]
+    return (f"Reference rows on the same cells (test {metric.replace('_', ' ')}, site mean): "
+            + "; ".join(parts))
 
 
 def summary(comparison: Comparison, strategy: str, *, metric: str = METRIC,

@@ -28,7 +28,7 @@ from _common import (
     strategy_config,
 )
 from _plots import line_plot
-from _sweep import gap, half_width, interval_caption, summary, sweep
+from _sweep import gap, half_width, interval_caption, reference_caption, summary, sweep
 
 from fedbn_med.evaluation.tables import format_stats
 
@@ -80,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for e in epochs]
     table = (f"Test balanced accuracy at the round with the lowest mean validation loss, "
              f"mean over sites; {interval_caption(len(bench.cells))}; the gap is paired by "
-             f"cell; {budget} local epochs in total\n\n" + markdown_table(header, body))
+             f"cell; {budget} local epochs in total\n\n" + markdown_table(header, body)
+             + "\n\n" + reference_caption(bench))
     rows = [{"local_epochs": e, "rounds": max(1, budget // e), "strategy": LABELS[s],
              "fold": fold, "seed": seed, "test_balanced_accuracy": round(value, 6)}
             for s in STRATEGIES for e in epochs for (fold, seed), value in acc(s, e).items()]

@@ -3,10 +3,12 @@
 For each target epsilon (delta 1e-5 by default) the noise multiplier sigma that spends
 exactly it over ``--rounds`` rounds is found with Opacus's RDP accountant (sampling rate
 1: every site releases an update every round); every site clips its update to ``--clip``
-and adds N(0, (sigma C)^2) per coordinate (:mod:`fedbn_med.fl.privacy`). Accuracy is on each
-site's test split at the run's selected round (the lowest mean validation loss over the
+and adds N(0, (sigma C)^2) per coordinate (:mod:`fedbn_med.fl.privacy`). Balanced accuracy
+(per site and its site mean) and the site-mean AUC are on each site's test split at the
+run's selected round (the lowest mean validation loss over the
 sites, :meth:`fedbn_med.training.inprocess.History.best_round`), mean [corrected 95 % CI]
-over the (fold, seed) cells; ``inf`` is the run without DP. The epsilon each site
+over the (fold, seed) cells, with the majority-class and motion-only rows fitted on the
+same cells; ``inf`` is the run without DP. The epsilon each site
 reports is the whole run's (its last round's), and is checked against the target.
 
 The noise is drawn from each run's seed (``dp_seeded_noise``), so the same command gives
@@ -31,8 +33,9 @@ from typing import TYPE_CHECKING
 
 from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, selected
 from _plots import Panel, line_panels
-from _sweep import corrected, half_width, interval_caption, run_grid
+from _sweep import corrected, half_width, interval_caption, references, run_grid
 
+from fedbn_med.evaluation.comparison import REFERENCES
 from fedbn_med.evaluation.tables import format_stats
 
 if TYPE_CHECKING:
@@ -60,7 +63,7 @@ def _eps_label(eps: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run FedBN and FedAvg at every epsilon and fold; publish accuracy per epsilon."""
+    """Run FedBN and FedAvg at every epsilon and fold; publish the scores per epsilon."""
     parser = make_parser(NAME, __doc__.splitlines()[0], full=Budget(rounds=30, folds=3),
                          quick=Budget(rounds=3, folds=1))
     parser.add_argument("--epsilons", type=_epsilons, default=EPSILONS,
@@ -83,9 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sigma = {eps: 0.0 if math.isinf(eps) else noise_for_epsilon(eps, delta, rounds)
              for eps in bench.args.epsilons}
     sites = bench.config().sites
-    # acc[strategy][eps][site or "mean"][(fold, seed)]; spent[...] = max epsilon reported
+    # acc[strategy][eps][site, "mean" or "auc"][(fold, seed)]: balanced accuracy per site,
+    # its site mean, and the site-mean AUC; spent[...] = max epsilon reported
     acc: dict[str, dict[float, dict[str, dict[tuple[int, int], float]]]] = {
-        s: {e: {k: {} for k in (*sites, "mean")} for e in sigma} for s in STRATEGIES}
+        s: {e: {k: {} for k in (*sites, "mean", "auc")} for e in sigma} for s in STRATEGIES}
     spent: dict[tuple[str, float], float] = {}
 
     def spec(eps: float, strategy: str, fold: int, seed: int) -> RunSpec:
@@ -97,33 +101,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     for eps, strategy, fold, seed, history in run_grid(bench, tuple(sigma), STRATEGIES, spec):
         final = history.selected()  # DP figures in it are the whole run's
         for site in sites:
-            acc[strategy][eps][site][fold, seed] = float(final[site]["test_accuracy"])
-        acc[strategy][eps]["mean"][fold, seed] = selected(history, "test_accuracy")
+            acc[strategy][eps][site][fold, seed] = float(final[site]["test_balanced_accuracy"])
+        acc[strategy][eps]["mean"][fold, seed] = selected(history, "test_balanced_accuracy")
+        acc[strategy][eps]["auc"][fold, seed] = selected(history, "test_auc")
         reported = [float(m.get("dp_epsilon", math.inf)) for m in final.values()]
         spent[strategy, eps] = max(spent.get((strategy, eps), 0.0), max(reported))
 
     def stats(strategy: str, eps: float, key: str = "mean") -> tuple[float, float, float]:
         return corrected(acc[strategy][eps][key].values())
 
-    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)", *sites, "mean"]
+    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)", *sites, "mean",
+              "mean AUC"]
     body, rows = [], []
     for strategy in STRATEGIES:
         for eps in sigma:
-            cells = [format_stats(*stats(strategy, eps, k)) for k in (*sites, "mean")]
+            cells = [format_stats(*stats(strategy, eps, k)) for k in (*sites, "mean", "auc")]
             used = spent[strategy, eps]
             body.append([LABELS[strategy], _eps_label(eps), f"{sigma[eps]:.3g}",
                          "inf" if math.isinf(used) else f"{used:.2f}", *cells])
             rows.append({"method": LABELS[strategy], "target_epsilon": eps,
                          "sigma": sigma[eps], "clip": clip, "delta": delta,
                          "epsilon_spent": used, "cells": len(bench.cells),
-                         **{f"accuracy_{k}_{part}": value
-                            for k in ("mean", *sites)
+                         **{f"{'auc' if k == 'auc' else 'balanced_accuracy'}_"
+                            f"{'mean' if k == 'auc' else k}_{part}": value
+                            for k in ("mean", *sites, "auc")
                             for part, value in zip(("mean", "low", "high"),
                                                    stats(strategy, eps, k))}})
-    table = (f"Test accuracy (%) under client-level DP at the selected round (lowest mean "
-             f"validation loss), {interval_caption(len(bench.cells))}; {rounds} rounds, "
-             f"clip C = {clip:g}, delta = {delta:g}, sampling rate 1\n\n"
-             + markdown_table(header, body))
+    reference = references(bench)
+    for name in REFERENCES:  # no DP, no training: the same cells' floor
+        cells = [format_stats(*corrected(reference.values(name, "best", metric, site)
+                                         .values()))
+                 for site, metric in [*((k, "balanced_accuracy") for k in sites),
+                                      (None, "balanced_accuracy"), (None, "auc")]]
+        body.append([name, "n/a", "n/a", "n/a", *cells])
+    table = (f"Test balanced accuracy (%) per site and its site mean, and the site-mean test "
+             f"AUC, under client-level DP at the selected round (lowest mean validation "
+             f"loss), {interval_caption(len(bench.cells))}; {rounds} rounds, clip C = "
+             f"{clip:g}, delta = {delta:g}, sampling rate 1; the reference rows are fitted "
+             f"on the same cells\n\n" + markdown_table(header, body))
 
     def plot(path: Path) -> Path:
         finite = [e for e in sigma if not math.isinf(e)]
@@ -133,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             series[LABELS[strategy]] = (finite, [100 * m for m, _, _ in points],
                                         [half_width(p) for p in points])
         base = [stats("fedbn", e)[0] for e in sigma if math.isinf(e)]
-        panel = Panel(series, "epsilon (log scale)", "mean test accuracy (%), corrected 95 % CI",
+        panel = Panel(series, "epsilon (log scale)",
+                      "mean test balanced accuracy (%), corrected 95 % CI",
                       xlog=True, hline=100 * base[0] if base else None)
         return line_panels(path, [panel], title=f"ABIDE, client-level DP, delta {delta:g} "
                                                 "(dashed: FedBN without DP)")

@@ -40,8 +40,10 @@ EXPECTED = {
     "heterogeneity": (["FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]"], ["0", "1"]),
     "rounds_to_target": (["FedBN rounds", "FedAvg rounds", "FedAvg - FedBN (rounds, paired)"],
                          ["55", "60", "65", "70"]),
-    "privacy_utility": (["target epsilon", "sigma", "epsilon spent (max site)", "mean"],
-                        ["FedBN"] * 4 + ["FedAvg"] * 4),
+    "privacy_utility": (["target epsilon", "sigma", "epsilon spent (max site)", "mean",
+                         "mean AUC"],
+                        ["FedBN"] * 4 + ["FedAvg"] * 4
+                        + ["Majority class", "Motion only (mean FD)"]),
 }
 
 #: The scripts whose tables give mean [corrected 95 % CI] over the cells (_sweep).
@@ -104,6 +106,9 @@ def test_sweep_table_shows_the_corrected_interval_of_its_cells(bench, store, tmp
                                        str(out), "--tracking-uri", store]) == 0
     text = (out / "table.md").read_text()
     assert "mean [corrected 95 % CI] over 2 (fold, seed) cells" in text
+    # the reference rows on the same cells: the majority class ranks nobody, 50 % balanced
+    assert ("Reference rows on the same cells (test balanced accuracy, site mean): Majority "
+            "class 50.0 [50.0, 50.0] %; Motion only (mean FD) ") in text
     header, body = _markdown_table(text)
     with open(out / "table.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
