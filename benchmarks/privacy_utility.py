@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cells = [format_stats(*corrected(reference.values(name, "best", metric, site)
                                          .values()))
                  for site, metric in [*((k, "balanced_accuracy") for k in sites),
-                                      (None, "balanced_accuracy"), (None, "auc")]]
+                                      ("mean", "balanced_accuracy"), ("mean", "auc")]]
         body.append([name, "n/a", "n/a", "n/a", *cells])
     table = (f"Test balanced accuracy (%) per site and its site mean, and the site-mean test "
              f"AUC, under client-level DP at the selected round (lowest mean validation "
