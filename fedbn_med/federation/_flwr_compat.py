@@ -346,13 +346,15 @@ class FleetSession:
             except ObjectUnavailableError:
                 pass  # not uploaded yet: asked again below
 
-        deadline, delay = time.monotonic() + timeout, 0.01
+        deadline, delay, size = time.monotonic() + timeout, 0.01, 0
         with ThreadPoolExecutor(MAX_PULLS) as pool:
             while True:
                 missing = [i for i in ids if i not in contents]
                 for start in range(0, len(missing), MAX_PULLS):  # the size after each few
-                    list(pool.map(fetch, missing[start:start + MAX_PULLS]))
-                    if sum(map(len, contents.values())) > max_bytes:
+                    batch = missing[start:start + MAX_PULLS]
+                    list(pool.map(fetch, batch))
+                    size += sum(len(contents[i]) for i in batch if i in contents)
+                    if size > max_bytes:
                         raise MessageRefused(f"its contents exceed the {max_bytes} bytes "
                                              "this site accepts in one message")
                 if len(contents) == len(ids):
