@@ -32,7 +32,7 @@ from _common import (
     strategy_config,
 )
 from _plots import line_plot
-from _sweep import gap, half_width, interval_caption, summary, sweep
+from _sweep import gap, half_width, interval_caption, reference_caption, summary, sweep
 from sklearn.model_selection import train_test_split
 
 from fedbn_med.evaluation.tables import format_stats
@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for f in fractions]
     table = ("Test balanced accuracy at the round with the lowest mean validation loss, "
              f"mean over sites; {interval_caption(len(bench.cells))}; the gap is paired "
-             "by cell\n\n" + markdown_table(header, body))
+             "by cell\n\n" + markdown_table(header, body) + "\n\n"
+             + reference_caption(bench) + " (fitted on each cell's whole training part)")
     rows = [{"fraction": f, "strategy": LABELS[s], "fold": fold, "seed": seed,
              "test_balanced_accuracy": round(v, 6),
              **{f"n_train_{site}": n_train[f, fold, seed][site] for site in sites}}
