@@ -9,7 +9,6 @@ mean validation loss. :func:`compare` builds the methods' specs from strategy na
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ import numpy as np
 from fedbn_med.evaluation.cell_data import PreparedSite, prepare_sites, with_features
 from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison, SitePredictions
 from fedbn_med.evaluation.references import reference_cells
+from fedbn_med.evaluation.selection import RunningBest
 from fedbn_med.spec import settings_module
 from fedbn_med.tasks import Selection
 
@@ -48,21 +48,16 @@ class _BestRoundKeeper:
                  selection: Selection) -> None:
         self.trainers = trainers
         self.prepared = prepared
-        self.key = f"val_{selection.metric}"
-        self.sign = 1.0 if selection.lower else -1.0  # sign * mean: lower is better
-        self.best_value = math.inf
+        self.running = RunningBest(selection.metric, selection.lower)
         self.best = 0
         self.predictions: dict[str, SitePredictions] = {}
 
     def __call__(self, rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-        values = [float(m[self.key]) for m in metrics.values()
-                  if self.key in m and math.isfinite(float(m[self.key]))]
-        # the same exactly rounded mean as best_round: the two never disagree on a near-tie
-        value = self.sign * math.fsum(values) / len(values) if values else math.inf
-        # as best_round: the best finite mean, the earliest on ties; none: the last round
-        if math.isfinite(self.best_value) and not value < self.best_value:
+        # best_round's rule, round by round; until a round can be selected, the latest
+        # (best_round's fall-back is the last round)
+        if not self.running.take(rnd, metrics.values()) and self.running.best:
             return
-        self.best, self.best_value = rnd, value
+        self.best = rnd
         for site, trainer in self.trainers.items():
             s = self.prepared[site]
             prob = trainer.predict(s.data.test[0]).numpy().astype(np.float64)

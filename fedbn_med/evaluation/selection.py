@@ -88,28 +88,30 @@ class RunningBest:
     """The best round so far by :func:`best_round`'s rule, taken one round at a time.
 
     For keeping the selected round's weights while a run goes on: :meth:`take` says
-    whether the round just scored is the best so far (lowest mean validation loss over
-    the sites, the earliest on ties, a round with a non-finite site score never). It
-    covers :func:`best_round`'s ordinary case only: where that falls back (no round with
-    a finite validation loss) this keeps none, and ``best`` stays 0.
+    whether the round just scored is the best so far (the best mean of the validation
+    ``metric`` over the sites, lowest when ``lower``, the earliest on ties, a round with
+    a non-finite site score never). It covers :func:`best_round`'s ordinary case only:
+    where that falls back (no round with a finite score) this keeps none, and ``best``
+    stays 0.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, metric: str = "loss", lower: bool = True) -> None:
+        self.key, self.sign = f"val_{metric}", 1.0 if lower else -1.0
         self.best = 0
-        self._value = math.inf
+        self._value = math.inf  # sign * mean: lower is better
 
     def take(self, rnd: int, sites: Iterable[Mapping[str, object]]) -> bool:
         """Take round ``rnd``'s per-site metrics; return whether it is the best so far."""
         values = []
         for metrics in sites:
-            if "val_loss" in metrics:
-                value = float(metrics["val_loss"])  # type: ignore[arg-type]
+            if self.key in metrics:
+                value = float(metrics[self.key])  # type: ignore[arg-type]
                 if not math.isfinite(value):
                     return False  # its model broke at some site: never selected
                 values.append(value)
         if not values:
             return False
-        mean = math.fsum(values) / len(values)  # as _mean_over_sites
+        mean = self.sign * math.fsum(values) / len(values)  # as _mean_over_sites
         if mean < self._value:
             self.best, self._value = rnd, mean
             return True

@@ -1,26 +1,24 @@
 """The one door to Flower's internals: everything fedbn-med uses that flwr does not publish.
 
 Flower's public surface (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, the
-``flwr`` and ``flower-*`` commands) has no way to run a ClientApp inside a long-lived
-process of our own, nor to pull replies with a shorter back-off. Both matter for speed
-(see :mod:`fedbn_med.federation.node` and
-:class:`fedbn_med.federation.server_app.FastGrid`), so this module imports flwr internals,
-and only this module does:
+``flwr`` and ``flower-*`` commands) cannot run a ClientApp inside a long-lived process of
+our own, nor pull messages with a shorter back-off and bounds of our own (see
+:mod:`fedbn_med.federation.node` and :class:`fedbn_med.federation.server_app.FastGrid`),
+so this module imports flwr internals, and only this module does:
 
 - :class:`FleetSession`: our own connection of a site node to the SuperLink's Fleet API,
   built from flwr's ``FleetHttpClient``, its request interceptors (runtime version, node
   authentication), ``RetryInvoker``, ``HeartbeatSender``, the protobuf messages and serde
   functions, and the object (de)inflation helpers. It never ends the process, never
   signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
-- :mod:`fedbn_med.federation._flwr_replies` (the server's side of this door, using the
-  internals imported here, and nowhere else): what ``HttpGrid.pull_messages`` does,
-  without its waits.
-- :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`,
-  :data:`RunNotRunning`, :func:`set_message_id`.
+- :func:`pull_available`, which both sides pull a message's contents with; the server's
+  side, :mod:`._flwr_replies`, uses the internals imported here and nowhere else.
+- :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`, :data:`RunNotRunning`,
+  :func:`set_message_id`.
 
-The installed flwr must be :data:`FLWR_VERSION`; another version raises ``ImportError``
-at import (set ``FEDBN_MED_ANY_FLWR=1`` to try anyway, with a warning).
-``tests/test_flwr_compat.py`` checks every internal named here and says what changed.
+The installed flwr must be :data:`FLWR_VERSION`; another raises ``ImportError`` at import
+(``FEDBN_MED_ANY_FLWR=1`` tries anyway, with a warning). ``tests/test_flwr_compat.py``
+checks every internal named here and says what changed.
 """
 
 from __future__ import annotations
@@ -37,19 +35,18 @@ from typing import Any, cast
 import httpx
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "MAX_PULLS", "MESSAGE_REFUSED", "FleetSession",
-    "MessageRefused", "NodeForgotten", "RunNotRunning",
-    "fused_run_config", "set_message_id",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsTooLarge", "FleetSession",
+    "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config", "pull_available",
+    "set_message_id",
     # flwr internals passed on to the server's side of the door, _flwr_replies
     "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "SYSTEM_MESSAGE_TYPE", "ConfirmMessageReceivedRequest",
     "Error", "ErrorCode", "HttpGrid", "Message", "Metadata", "ObjectPullError",
-    "ObjectUnavailableError", "PullAppMessagesRequest", "inflate_object_from_contents",
-    "iterate_object_tree", "make_message", "make_pull_object_fn_protobuf",
+    "PullAppMessagesRequest", "inflate_object_from_contents", "iterate_object_tree",
+    "make_message", "make_pull_object_fn_protobuf",
 ]
 
 FLWR_VERSION = "1.42.0"
-#: The most objects of one message pulled at once (its size is checked after each few).
-MAX_PULLS = 8
+MAX_PULLS = 8  #: the most objects of one message pulled at once (its size checked after)
 
 
 def _check_version() -> None:
@@ -94,9 +91,7 @@ try:  # every internal in one place: a missing one names itself here, at import
         UnregisterNodeFleetRequest,
     )
     from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest  # pylint: disable=E0611
-    from flwr.proto.message_pb2 import (  # pylint: disable=E0611
-        ConfirmMessageReceivedRequest,
-    )
+    from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
     from flwr.proto.node_pb2 import Node  # pylint: disable=E0611
     from flwr.proto.run_pb2 import GetRunRequest  # pylint: disable=E0611
     from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
@@ -151,6 +146,38 @@ _RETRY_ERRORS: tuple[type[Exception], ...] = (
 
 class MessageRefused(Exception):
     """A message from the server that this site will not read (too large, incomplete)."""
+
+
+class ContentsTooLarge(Exception):
+    """A message's contents, pulled so far, exceed the bytes its receiver accepts."""
+
+
+def pull_available(pull: Callable[[str], bytes], object_ids: list[str],
+                   contents: dict[str, bytes], max_bytes: int | None = None) -> bool:
+    """Pull into ``contents`` what has come of ``object_ids``; return whether all are in.
+
+    :data:`MAX_PULLS` at a time, raising :class:`ContentsTooLarge` after any few that
+    take ``contents`` past ``max_bytes``; one not uploaded yet waits for a later call.
+    The server pulls a site's reply so (:mod:`._flwr_replies`), a site the server's
+    message (:meth:`FleetSession.pull_message`).
+    """
+    def fetch(object_id: str) -> bytes | None:
+        try:
+            return pull(object_id)
+        except ObjectUnavailableError:
+            return None
+
+    missing = [i for i in object_ids if i not in contents]
+    size = sum(map(len, contents.values()))
+    with ThreadPoolExecutor(MAX_PULLS) as pool:
+        for start in range(0, len(missing), MAX_PULLS):
+            batch = missing[start:start + MAX_PULLS]
+            got = {i: d for i, d in zip(batch, pool.map(fetch, batch)) if d is not None}
+            contents.update(got)
+            size += sum(map(len, got.values()))
+            if max_bytes is not None and size > max_bytes:
+                raise ContentsTooLarge(f"its contents exceed the {max_bytes} bytes")
+    return all(i in contents for i in object_ids)
 
 
 class NodeForgotten(httpx.HTTPError):
@@ -315,18 +342,12 @@ class FleetSession:
 
     def pull_message(self, run_id: int, tree: Any, *, max_bytes: int, max_objects: int,
                      timeout: float) -> Message:
-        """Download a received message's contents, bounded, and return the whole message.
+        """Download a received message's contents, bounded; return the whole message.
 
-        What the server sends is checked like anything else that arrives: a message whose
-        tree names more than ``max_objects`` objects is refused before a byte is pulled;
-        one whose contents exceed ``max_bytes``, as soon as they do; one whose contents
-        have not all arrived within ``timeout`` seconds, then (flwr's own download waits
-        about 100 s and then raises out of the node).
-
-        Raises
-        ------
-        MessageRefused
-            Saying why; the node answers with an error reply and goes on serving.
+        Raises :class:`MessageRefused`, saying why (the node replies so and serves on),
+        for a tree of more than ``max_objects`` objects before a byte is pulled, contents
+        over ``max_bytes`` as soon as they are, and contents not all in within
+        ``timeout`` seconds (flwr's own pull waits ~100 s, then ends the node).
         """
         node = self._registered()
         try:
@@ -339,32 +360,18 @@ class FleetSession:
         pull = make_pull_object_fn_protobuf(
             lambda request: self._call(self._client.PullObject, request), node, run_id)
         contents: dict[str, bytes] = {}
-
-        def fetch(object_id: str) -> None:
+        deadline, delay = time.monotonic() + timeout, 0.01
+        while True:
             try:
-                contents[object_id] = pull(object_id)
-            except ObjectUnavailableError:
-                pass  # not uploaded yet: asked again below
-
-        deadline, delay, size = time.monotonic() + timeout, 0.01, 0
-        with ThreadPoolExecutor(MAX_PULLS) as pool:
-            while True:
-                missing = [i for i in ids if i not in contents]
-                for start in range(0, len(missing), MAX_PULLS):  # the size after each few
-                    batch = missing[start:start + MAX_PULLS]
-                    list(pool.map(fetch, batch))
-                    size += sum(len(contents[i]) for i in batch if i in contents)
-                    if size > max_bytes:
-                        raise MessageRefused(f"its contents exceed the {max_bytes} bytes "
-                                             "this site accepts in one message")
-                if len(contents) == len(ids):
+                if pull_available(pull, ids, contents, max_bytes):
                     break
-                if time.monotonic() >= deadline:
-                    raise MessageRefused(
-                        f"its contents did not all arrive within {timeout:g} s "
-                        f"({len(contents)} of {len(ids)} objects)")
-                time.sleep(delay)
-                delay = min(2 * delay, 0.2)
+            except ContentsTooLarge as err:
+                raise MessageRefused(f"{err} this site accepts in one message") from None
+            if time.monotonic() >= deadline:
+                raise MessageRefused(f"its contents did not all arrive within {timeout:g} s "
+                                     f"({len(contents)} of {len(ids)} objects)")
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
         try:
             message = cast(Message, inflate_object_from_contents(tree.object_id, contents))
         except Exception as err:  # noqa: BLE001 - whatever the server sent, a refusal

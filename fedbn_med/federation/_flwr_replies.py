@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,21 +20,21 @@ import httpx
 
 from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal comes from it
     FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
-    MAX_PULLS,
     SYSTEM_MESSAGE_TYPE,
     ConfirmMessageReceivedRequest,
+    ContentsTooLarge,
     Error,
     ErrorCode,
     HttpGrid,
     Message,
     Metadata,
     ObjectPullError,
-    ObjectUnavailableError,
     PullAppMessagesRequest,
     inflate_object_from_contents,
     iterate_object_tree,
     make_message,
     make_pull_object_fn_protobuf,
+    pull_available,
     set_message_id,
 )
 
@@ -123,27 +122,14 @@ def _pull_contents(grid: Any, item: InTransit, max_bytes: int | None = None
     client = grid._runtime_client  # noqa: SLF001
     run_id = grid.run.run_id
     pull = make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id)
-    missing = list(dict.fromkeys(t.object_id for t in iterate_object_tree(item.tree)
-                                 if t.object_id not in item.contents))
-
-    def fetch(object_id: str) -> None:
-        try:
-            item.contents[object_id] = pull(object_id)
-        except ObjectUnavailableError:
-            pass  # not uploaded yet: asked again at the next call
-
-    if missing:  # a few at a time, the size checked after each few
-        with ThreadPoolExecutor(min(MAX_PULLS, len(missing))) as pool:
-            for start in range(0, len(missing), MAX_PULLS):
-                list(pool.map(fetch, missing[start:start + MAX_PULLS]))
-                size = sum(len(content) for content in item.contents.values())
-                if max_bytes is not None and size > max_bytes:
-                    item.contents.clear()
-                    raise ObjectPullError(
-                        item.head.metadata.message_id,
-                        f"its contents exceed the {max_bytes} bytes a reply may hold")
-    if any(object_id not in item.contents for object_id in missing):
-        return None  # the rest comes at a later call
+    object_ids = list(dict.fromkeys(t.object_id for t in iterate_object_tree(item.tree)))
+    try:
+        if not pull_available(pull, object_ids, item.contents, max_bytes):
+            return None  # the rest comes at a later call
+    except ContentsTooLarge as err:
+        item.contents.clear()
+        raise ObjectPullError(item.head.metadata.message_id,
+                              f"{err} a reply may hold") from None
     message_id = item.head.metadata.message_id
     client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
         node=grid.node, run_id=run_id, message_object_id=message_id))
