@@ -23,8 +23,9 @@ import gzip
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
+import numpy as np
 from _common import N_FOLDS, Benchmark, run
 from _plots import bar_plot
 
@@ -32,14 +33,16 @@ from fedbn_med.evaluation.comparison import Cell, Comparison, interval
 from fedbn_med.evaluation.intervals import corrected_t_interval
 
 if TYPE_CHECKING:
+    from fedbn_med.evaluation.references import ScoredOn
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.tasks.abide.splits import Split
     from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
 
-__all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "interval_caption",
-           "publish_site_comparison", "reference_caption", "references", "run_grid",
-           "summary", "sweep"]
+__all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "inner_references",
+           "interval_caption", "publish_site_comparison", "reference_caption", "references",
+           "run_grid", "summary", "sweep"]
 
 V = TypeVar("V", bound=Hashable)
 #: Which interval a table gives: the corrected resampled t, or the naive t over cells.
@@ -105,32 +108,38 @@ def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
     return comparisons
 
 
-def references(bench: Benchmark) -> Comparison:
+def references(bench: Benchmark, *, scored_on: ScoredOn = "test", **changes: Any
+               ) -> Comparison:
     """Return the majority-class and motion-only rows of the invocation's cells (ABIDE).
 
     Fitted per site on the training split of each (fold, seed) cell, as the comparison
     protocol fits them (:func:`fedbn_med.evaluation.references.add_reference_rows`), so
-    a sweep's table can show them beside its methods on the same cells.
+    a sweep's table can show them beside its methods on the same cells. ``changes``: to
+    the invocation's spec (another federation's ``sites``, a cohort's ``site_effect``);
+    ``scored_on="val"``: scored on the validation subjects, for tables that read no test
+    split.
     """
     from fedbn_med.evaluation.references import add_reference_rows
     from fedbn_med.evaluation.runner import task_metrics
 
-    base = bench.config()
+    base = bench.config(**changes)
     comparison = Comparison(sites=tuple(base.sites), metric_names=task_metrics(base.task))
-    add_reference_rows(comparison, base, bench.cells)
+    add_reference_rows(comparison, base, bench.cells, scored_on=scored_on)
     return comparison
 
 
-def reference_caption(bench: Benchmark, metric: str = METRIC) -> str:
-    """Return a caption line: the reference rows' test ``metric`` on the same cells."""
+def reference_caption(bench: Benchmark, metric: str = METRIC, *,
+                      scored_on: ScoredOn = "test") -> str:
+    """Return a caption line: the reference rows' ``metric`` on the same cells."""
     from fedbn_med.evaluation.comparison import REFERENCES
     from fedbn_med.evaluation.tables import format_stats
 
-    rows = references(bench)
+    rows = references(bench, scored_on=scored_on)
     parts = [f"{name} {format_stats(*corrected(rows.values(name, 'best', metric).values()))} %"
              for name in REFERENCES]
-    return (f"Reference rows on the same cells (test {metric.replace('_', ' ')}, site mean): "
-            + "; ".join(parts))
+    where = "test" if scored_on == "test" else "validation"
+    return (f"Reference rows on the same cells ({where} {metric.replace('_', ' ')}, site "
+            "mean): " + "; ".join(parts))
 
 
 def summary(comparison: Comparison, strategy: str, *, metric: str = METRIC,
@@ -239,14 +248,31 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
     return 0
 
 
-def inner_datas(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
-                ) -> dict[str, SiteData]:
-    """Return each site's inner split of the outer fold ``spec.fold`` as SiteData.
+class _InnerSite(NamedTuple):
+    """One site's inner split, with the labels and mean FD the reference rows read."""
 
-    The run's feature options (tangent space, per-site z, windows, FD regression) are
-    fitted on the inner training subjects (``prepare_site_data`` with the split).
+    split: Split
+    labels: np.ndarray
+    mean_fd: np.ndarray
+
+
+def inner_references(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
+                     ) -> list[Cell]:
+    """Return the majority-class and motion-only cells of one inner split (nested designs).
+
+    Fitted on each site's inner training subjects and scored on its inner test subjects,
+    the split :func:`inner_datas` gives a run: no outer test subject is read.
     """
-    from fedbn_med.tasks.abide.build import prepare_site_data, resolve_site_data_dir
+    from fedbn_med.evaluation.references import reference_cells
+
+    return reference_cells(spec.fold, spec.seed,
+                           _inner_splits(sites, spec, inner_folds, inner_fold))
+
+
+def _inner_splits(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
+                  ) -> dict[str, _InnerSite]:
+    """Return each site's inner split of the outer fold ``spec.fold``, labels and mean FD."""
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
     from fedbn_med.tasks.abide.data import load_site_features
     from fedbn_med.tasks.abide.sites import load_sites
     from fedbn_med.tasks.abide.splits import nested_split, repetition_split_seed
@@ -258,5 +284,21 @@ def inner_datas(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fol
         split = nested_split(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
                              inner_folds=inner_folds, inner_fold=inner_fold,
                              seed=repetition_split_seed(site.split_seed, spec.seed))
-        out[name] = prepare_site_data(site, spec, split)
+        out[name] = _InnerSite(split, np.asarray(feats.labels),
+                               np.asarray(feats.mean_fd, dtype=np.float64))
     return out
+
+
+def inner_datas(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
+                ) -> dict[str, SiteData]:
+    """Return each site's inner split of the outer fold ``spec.fold`` as SiteData.
+
+    The run's feature options (tangent space, per-site z, windows, FD regression) are
+    fitted on the inner training subjects (``prepare_site_data`` with the split).
+    """
+    from fedbn_med.tasks.abide.build import prepare_site_data
+    from fedbn_med.tasks.abide.sites import load_sites
+
+    configs = load_sites(list(sites))
+    return {name: prepare_site_data(configs[name], spec, inner.split)
+            for name, inner in _inner_splits(sites, spec, inner_folds, inner_fold).items()}

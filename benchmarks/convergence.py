@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from _common import LABELS, Benchmark, Budget, curve, make_parser, markdown_table, strategy_config
-from _sweep import corrected, interval_caption, run_grid
+from _sweep import corrected, interval_caption, reference_caption, run_grid
 
 from fedbn_med.evaluation.report import convergence_plot
 from fedbn_med.evaluation.tables import format_stats
@@ -80,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for rnd in marks]
     table = (f"Mean over sites; {interval_caption(len(bench.cells))}; loss = training "
              "loss of the round, acc = validation accuracy (no test split is read)\n\n"
-             + markdown_table(header, body))
+             + markdown_table(header, body) + "\n\n"
+             + reference_caption(bench, "accuracy", scored_on="val")
+             + " (fitted per site on each cell's training subjects)")
     rows = [{"strategy": lb, "fold": fold, "seed": seed, "round": rnd,
              **{m: round(per_cell[lb][m][fold, seed][rnd - 1], 6) for m in METRICS}}
             for lb in per_cell for fold, seed in bench.cells for rnd in range(1, rounds + 1)]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from _common import Benchmark, Budget, float_list, make_parser, markdown_table, strategy_config
 from _plots import Panel, line_panels
-from _sweep import gap, half_width, interval_caption, summary, sweep
+from _sweep import corrected, gap, half_width, interval_caption, references, summary, sweep
 from defaults_sweep import _groups
 
 from fedbn_med.evaluation.tables import format_stats
@@ -89,15 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparisons = sweep(bench, effects, STRATEGIES, spec)
 
     header = ["site effect", "FedBN (%)", "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]",
-              "at last round (pp) [95 % CI]"]
+              "at last round (pp) [95 % CI]", *REFERENCE_HEADER]
     body, rows, gaps = [], [], {}
     for e, comparison in comparisons.items():
         gaps[e], cells = _gap_cells(comparison)
-        body.append([f"{e:g}", *cells])
-        rows += [{"site_effect": e, **row} for row in comparison.rows()]
+        refs, ref_cells = _reference_cells(bench, site_effect=e)
+        body.append([f"{e:g}", *cells, *ref_cells])
+        rows += [{"site_effect": e, **row} for row in comparison.rows() + refs.rows()]
     table = ("Test balanced accuracy, mean over sites, at the round with the lowest mean "
-             f"validation loss; mean [corrected 95 % CI] over {len(bench.cells)} (fold, seed) "
-             "cells; the gap is paired by cell\n\n" + markdown_table(header, body))
+             f"validation loss; {interval_caption(len(bench.cells))}; the gap is paired by "
+             f"cell. {REFERENCE_CAPTION}\n\n" + markdown_table(header, body))
 
     def plot(path: Path) -> Path:
         xs = list(effects)
@@ -125,6 +126,21 @@ def _gap_cells(comparison: Comparison) -> tuple[tuple[float, float, float], list
                   format_stats(*best, signed=True), format_stats(*last, signed=True)]
 
 
+#: The reference rows' columns: fitted per site on each cell's training subjects.
+REFERENCE_HEADER = ("majority class (%)", "motion only (%)")
+REFERENCE_CAPTION = ("The majority class and motion alone (a logistic regression on mean "
+                     "FD) are fitted per site on the training subjects of the same cells")
+
+
+def _reference_cells(bench: Benchmark, **changes: object) -> tuple[Comparison, list[str]]:
+    """Return the reference rows of a federation's cells and their table cells."""
+    from fedbn_med.evaluation.comparison import REFERENCES
+
+    refs = references(bench, **changes)
+    return refs, [format_stats(*corrected(refs.values(n, "best", METRIC).values()))
+                  for n in REFERENCES]
+
+
 def _real(bench: Benchmark, groups: Mapping[str, tuple[str, ...]]) -> int:
     """Run FedBN and FedAvg on each real federation; tabulate its shift and the gap."""
     from fedbn_med.tasks.abide.cohort.calibration import load_samples, site_effect_figures
@@ -144,22 +160,25 @@ def _real(bench: Benchmark, groups: Mapping[str, tuple[str, ...]]) -> int:
 
     comparisons = sweep(bench, tuple(names), STRATEGIES, spec)
     header = ["federation", "sites", "location effect", "scale effect", "FedBN (%)",
-              "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]", "at last round (pp) [95 % CI]"]
+              "FedAvg (%)", "FedBN - FedAvg (pp) [95 % CI]", "at last round (pp) [95 % CI]",
+              *REFERENCE_HEADER]
     body, rows, gaps = [], [], {}
     for k, comparison in comparisons.items():
         gaps[k], cells = _gap_cells(comparison)
+        refs, ref_cells = _reference_cells(bench, sites=names[k])
         body.append([k, ", ".join(names[k]), f"{shift[k]['location']:.3f}",
-                     f"{shift[k]['scale']:.3f}", *cells])
+                     f"{shift[k]['scale']:.3f}", *cells, *ref_cells])
         rows += [{"federation": k, "sites": ";".join(names[k]),
                   "location_effect": round(shift[k]["location"], 6),
                   "scale_effect": round(shift[k]["scale"], 6), **row}
-                 for row in comparison.rows()]
+                 for row in comparison.rows() + refs.rows()]
     table = (f"Test balanced accuracy, mean over sites, at the round with the lowest mean "
              f"validation loss; {interval_caption(len(bench.cells))}; the gap is paired by "
              "cell. Location effect: median over edges of the between-site SD of the edge "
              "means over the pooled within-site SD (sampling noise removed); scale effect: "
              "the SD across sites of each edge's log SD (noise removed); both on the sites' "
-             "training and validation subjects\n\n" + markdown_table(header, body))
+             f"training and validation subjects. {REFERENCE_CAPTION}\n\n"
+             + markdown_table(header, body))
     bench.real_groups = names
 
     def plot(path: Path) -> Path:

@@ -39,8 +39,10 @@ from _common import (
     site_mean,
 )
 from _plots import bar_plot
-from _sweep import corrected, inner_datas
+from _sweep import corrected, inner_datas, inner_references
 from defaults_sweep import add_groups_option, resolve_groups
+
+from fedbn_med.evaluation.comparison import REFERENCES
 
 NAME = "stopping_rule"
 #: The default rule first; a fixed-rounds rule reports round R of the run.
@@ -82,6 +84,15 @@ def score_at(history: Any, rnd: int) -> dict[str, float]:
            if int(r["round"]) == rnd and "test_positive_rate" in r]
     return {"auc": site_mean(history, "test_auc", rnd),
             "balanced_accuracy": site_mean(history, "test_balanced_accuracy", rnd),
+            "one_class": float(np.mean(one)) if one else math.nan}
+
+
+def reference_scores(cell: Any) -> dict[str, float]:
+    """Return a reference cell's inner-test AUC, balanced accuracy and one-class share."""
+    one = [float(np.all(p.prob >= 0.5) or np.all(p.prob < 0.5))
+           for p in cell.predictions.values()]
+    return {"auc": cell.scores["best"]["auc"]["mean"],
+            "balanced_accuracy": cell.scores["best"]["balanced_accuracy"]["mean"],
             "one_class": float(np.mean(one)) if one else math.nan}
 
 
@@ -133,35 +144,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             rnd = rule(history)
             scores.setdefault((name, g), []).append(score_at(history, rnd))
             picked.setdefault((name, g), []).append(rnd)
+        # the reference rows, fitted on the same inner training subjects, paired by run
+        for cell in inner_references(groups[g], spec, inner_folds, inner):
+            scores.setdefault((cell.strategy, g), []).append(reference_scores(cell))
 
     def values(name: str, g: str, key: str) -> list[float]:
         return [c[key] for c in scores[(name, g)]]
 
-    means = {(n, g): float(np.nanmean(values(n, g, "auc"))) for n in names for g in groups}
+    means = {(n, g): float(np.nanmean(values(n, g, "auc"))) for n in [*names, *REFERENCES]
+             for g in groups}
     chosen, why = choose(means, names, list(groups))
     # paired against the default, run by run; runs share subjects (corrected t)
     n_ratio = inner_folds  # folds of the inner split: n_test / n_train = 1 / (K - 1)
     body, csv_rows = [], []
-    for name in names:
+    for name in [*names, *REFERENCES]:
         cells, row = [], {"rule": name, "chosen": name == chosen}
         for g in groups:
             auc = values(name, g, "auc")
             gap = corrected(np.subtract(auc, values(names[0], g, "auc")), n_folds=n_ratio)
             bal = float(np.nanmean(values(name, g, "balanced_accuracy")))
             one = float(np.nanmean(values(name, g, "one_class")))
-            rnds = picked[(name, g)]
+            rnds = picked.get((name, g), [])
             cells += [f"{100 * means[(name, g)]:.1f}",
                       "—" if name == names[0] else _gap(gap),
                       f"{100 * bal:.1f}", f"{100 * one:.0f}",
-                      f"{int(np.median(rnds))} ({min(rnds)}-{max(rnds)})"]
+                      f"{int(np.median(rnds))} ({min(rnds)}-{max(rnds)})" if rnds else "—"]
             row.update({f"auc_{g}": round(means[(name, g)], 6),
                         f"auc_gap_{g}": round(gap[0], 6), f"auc_gap_{g}_low": round(gap[1], 6),
                         f"auc_gap_{g}_high": round(gap[2], 6),
                         f"balanced_accuracy_{g}": round(bal, 6),
-                        f"one_class_{g}": round(one, 6), f"runs_{g}": len(rnds),
-                        f"round_median_{g}": float(np.median(rnds))})
+                        f"one_class_{g}": round(one, 6), f"runs_{g}": len(values(name, g, "auc")),
+                        f"round_median_{g}": float(np.median(rnds)) if rnds else math.nan})
         mark = ("**chosen** " + why) if name == chosen else (
-            "(current default)" if name == names[0] else "")
+            "(current default)" if name == names[0] else
+            "reference, not a rule" if name in REFERENCES else "")
         body.append([name, *cells, mark])
         csv_rows.append(row)
     header = ["rule"]
@@ -184,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "and beats the default in every group. Differences: paired by run, mean [95 % CI] "
         f"with the corrected resampled t (n_test/n_train = 1/{inner_folds - 1}). "
         "'One-class sites': the share of (run, site) scores whose test predictions were "
-        f"all one class. Every other setting is the main job's default. Chosen: {chosen} "
-        f"({why}).")
+        "all one class. The majority-class and motion-only (mean FD) rows are fitted on "
+        "each run's inner training subjects and scored on its inner test subjects; they "
+        "are no stopping rule and are not chosen from. Every other setting is the main "
+        f"job's default. Chosen: {chosen} ({why}).")
 
     def plot(path: Path) -> Path:
         series = {f"group {g}": ([100 * means[(n, g)] for n in names], [0.0] * len(names))

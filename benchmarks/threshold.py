@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 from _common import Benchmark, Budget, make_parser, markdown_table, run
 from _plots import bar_plot
-from _sweep import corrected
+from _sweep import corrected, references
 from defaults_sweep import add_groups_option, resolve_groups
 
 NAME = "threshold"
-#: The default first.
+#: The incumbent first (0.5, the default when the criterion was fixed), then the challenger.
 THRESHOLDS = ("0.5", "site_prior")
 #: What each (cell, site) records at the run's selected round.
 KEYS = ("val_balanced_accuracy", "test_balanced_accuracy", "test_auc", "test_one_class",
@@ -110,8 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             [s["val_one_class"] for s in sites[(t, g)]])), 6),
                         f"cells_{g}": len(cells[(t, g)])})
         mark = ("**chosen** " + why) if t == chosen else ""
-        body.append([*out, ("(current default) " if t == default else "") + mark])
+        now = base.settings.threshold
+        body.append([*out, ("(the default now) " if t == now else "") + mark])
         csv_rows.append(row)
+    for name, out, row in _reference_rows(bench, groups):
+        body.append([*out, "reference, not a threshold"])
+        csv_rows.append({"threshold": name, "chosen": False, **row})
     header = ["threshold"]
     for g in groups:
         header += [f"{g}: val bal. acc. %", f"{g}: test bal. acc. % [95 % CI]",
@@ -128,7 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(mean over sites and cells) per group; site_prior replaces 0.5 only when it is "
         "higher in every group. Test balanced accuracy: mean [95 % CI] over cells, "
         "corrected resampled t (Nadeau-Bengio). 'One-class test sites': the share of "
-        "(cell, site) test scores whose predictions were all one class. Every other "
+        "(cell, site) test scores whose predictions were all one class. The majority-class "
+        "and motion-only (mean FD) rows are fitted on each site's training subjects of the "
+        "same cells and predict at 0.5, as in every comparison's tables. Every other "
         f"setting is the main job's default. Chosen: {chosen} ({why}).")
 
     def plot(path: Path) -> Path:
@@ -144,6 +150,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                   protocol="each run at its best-validation-loss round; threshold chosen on "
                            "validation balanced accuracy")
     return 0
+
+
+def _reference_rows(bench: Benchmark, groups: Mapping[str, tuple[str, ...]]
+                    ) -> list[tuple[str, list[str], dict[str, object]]]:
+    """Return the majority-class and motion-only rows: their table cells and CSV values."""
+    from fedbn_med.evaluation.comparison import REFERENCES
+    from fedbn_med.evaluation.tables import format_stats
+
+    out: dict[str, tuple[list[str], dict[str, object]]] = {n: ([n], {}) for n in REFERENCES}
+    for g, sites in groups.items():
+        test = references(bench, sites=sites)
+        val = references(bench, sites=sites, scored_on="val")
+        for name in REFERENCES:
+            crit = float(np.nanmean(list(val.values(name, "best", "balanced_accuracy").values())))
+            bal = corrected(test.values(name, "best", "balanced_accuracy").values())
+            auc = float(np.nanmean(list(test.values(name, "best", "auc").values())))
+            one = float(np.mean([float(np.all(p.prob >= 0.5) or np.all(p.prob < 0.5))
+                                 for c in test.cells if c.strategy == name
+                                 for p in c.predictions.values()]))
+            cells, row = out[name]
+            cells += [f"{100 * crit:.1f}", format_stats(*bal), f"{100 * auc:.1f}",
+                      f"{100 * one:.0f}"]
+            row.update({f"val_balanced_accuracy_{g}": round(crit, 6),
+                        f"test_balanced_accuracy_{g}": round(bal[0], 6),
+                        f"test_balanced_accuracy_{g}_low": round(bal[1], 6),
+                        f"test_balanced_accuracy_{g}_high": round(bal[2], 6),
+                        f"test_auc_{g}": round(auc, 6), f"test_one_class_{g}": round(one, 6)})
+    return [(name, cells, row) for name, (cells, row) in out.items()]
 
 
 if __name__ == "__main__":

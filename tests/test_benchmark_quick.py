@@ -329,10 +329,15 @@ def test_stopping_rule(bench: Loader, abide_release: Path, store: str, tmp_path:
     assert header[1:3] == ["A: inner-test AUC %", "A: minus default (pp) [95 % CI]"]
     rules = [r[0] for r in body]
     assert rules[0] == "best validation loss" and "fixed: round 4" in rules
+    assert rules[-2:] == ["Majority class", "Motion only (mean FD)"]
     for row in body:
         assert all(0 <= v <= 100 for v in _numbers(row[1]) + _numbers(row[6]))
+    majority = body[-2]
+    assert majority[1] == "50.0" and majority[3] == "50.0" and majority[4] == "100"
+    assert majority[5] == "—" and "reference" in majority[-1]
     rows = _csv(tmp_path / "table.csv")
     assert sum(r["chosen"] == "True" for r in rows) == 1
+    assert not any(r["chosen"] == "True" for r in rows[-2:])
     assert {r["runs_A"] for r in rows} == {"2"}  # 1 outer fold x 2 inner folds
     _benchmark_run(store, "stopping_rule")
 
@@ -357,3 +362,19 @@ def test_stopping_rule_inner_data_hold_no_outer_test_subject(bench: Loader,
             return {r.numpy().tobytes() for r in x}
 
         assert keys(rows) <= keys(part) and not keys(rows) & keys(outer.test[0])
+    # the reference rows of the same inner split score inner test subjects only: none of
+    # the outer test fold, a quarter of the outer training part (2 inner folds of it)
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+    from fedbn_med.tasks.abide.data import load_site_features
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
+
+    for name, site in load_sites(list(spec.sites)).items():
+        labels = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
+                                    name=name).labels
+        outer = site_splits(labels, fold=2, seed=repetition_split_seed(site.split_seed, 1))
+        for cell in module.inner_references(spec.sites, spec, 2, 1):
+            index = cell.predictions[name].index
+            assert not set(index) & set(outer.test)
+            assert set(index) <= set(outer.train) | set(outer.val)
+            assert 0 < index.size < outer.train.size

@@ -78,6 +78,13 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     assert "s wall time" in printed
     if name == "privacy_utility":  # the reference rows have their means too
         assert body[-2][-2:] == ["50.0", "50.0"], body[-2]
+    if name == "convergence":  # the reference rows, on the validation subjects it reads
+        assert re.search(r"Reference rows on the same cells \(validation accuracy, site "
+                         r"mean\): Majority class \d+\.\d.*; Motion only \(mean FD\) "
+                         r"\d+\.\d", printed)
+    if name == "heterogeneity":  # the reference rows' columns, majority at 50 %
+        assert header[-2:] == ["majority class (%)", "motion only (%)"]
+        assert all(row[-2].startswith("50.0") for row in body)
     if name in CORRECTED:  # one cell: the one convention's words for no interval
         assert "1 run, no interval" in printed or "corrected 95 % CI" in printed
     if name == "paper_table":  # the verdict the team reads on the held-out sites
@@ -181,7 +188,12 @@ def test_heterogeneity_real_federations(bench, abide_release, store, tmp_path, c
     assert {r["federation"] for r in rows} == {"A", "B"}
     for r in rows:  # measured, finite, non-negative site effects
         assert float(r["location_effect"]) >= 0 and float(r["scale_effect"]) >= 0
-    assert {r["strategy"] for r in rows} >= {"fedbn", "fedavg"}
+    assert {r["strategy"] for r in rows} >= {"fedbn", "fedavg", "Majority class",
+                                             "Motion only (mean FD)"}
+    header = next(line for line in printed.splitlines() if line.startswith("| federation"))
+    assert header.rstrip(" |").endswith("majority class (%) | motion only (%)")
+    # the majority class predicts one class at every site: balanced accuracy 50 %
+    assert all(line.split("|")[-3].strip().startswith("50.0") for line in body)
 
 
 def _site_data(labels: list[int]) -> SiteData:

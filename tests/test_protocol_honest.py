@@ -128,6 +128,13 @@ def test_reference_rows_are_fitted_on_the_training_split() -> None:
     assert motion.scores["best"]["auc"]["S"] > 0.95
     assert motion.scores["best"]["auc"]["T"] < 0.9
     assert motion.reference and motion.predictions["S"].index.size == 16
+    # scored on the validation subjects instead (tables that read no test split)
+    site = _prepared(fd, labels)
+    for cell in reference_cells(0, 0, {"S": site}, scored_on="val"):
+        assert np.array_equal(cell.predictions["S"].index, site.split.val)
+        assert not set(cell.predictions["S"].index) & set(site.split.test)
+    with pytest.raises(ValueError, match="scored_on must be 'test' or 'val', got 'train'"):
+        reference_cells(0, 0, {"S": site}, scored_on="train")  # type: ignore[arg-type]
 
 
 # -- a real comparison -----------------------------------------------------------------------

@@ -113,8 +113,16 @@ def test_the_threshold_benchmark_chooses_on_validation_and_publishes_both(
                        f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
     with open(out / "table.csv", newline="", encoding="utf-8") as handle:
         rows = {r["threshold"]: r for r in csv.DictReader(handle)}
-    assert set(rows) == {"0.5", "site_prior"}
+    assert set(rows) == {"0.5", "site_prior", "Majority class", "Motion only (mean FD)"}
     assert sum(r["chosen"] == "True" for r in rows.values()) == 1
+    assert rows["0.5"]["chosen"] == "True" or rows["site_prior"]["chosen"] == "True"
+    # the majority class predicts one class everywhere: balanced accuracy and AUC 0.5
+    majority = rows["Majority class"]
+    for g in "AB":
+        assert float(majority[f"test_balanced_accuracy_{g}"]) == 0.5
+        assert float(majority[f"val_balanced_accuracy_{g}"]) == 0.5
+        assert float(majority[f"test_auc_{g}"]) == 0.5
+        assert float(majority[f"test_one_class_{g}"]) == 1.0
     for g in "AB":
         # the threshold moves no AUC; the choice follows the validation figures
         assert rows["0.5"][f"test_auc_{g}"] == rows["site_prior"][f"test_auc_{g}"]
