@@ -120,14 +120,18 @@ def sweep_variant(args: argparse.Namespace) -> str | None:
     """Return the published variant: ``nested`` and, for groups other than
     :data:`GROUPS`, their sites and the ``--axes`` swept, so that a sweep on other
     federations is published beside the main sweep's table, not over it, and two such
-    sweeps of other axes beside each other (``None``: the main sweep itself)."""
+    sweeps of other axes beside each other; a sweep of some axes only, on any groups, is
+    published beside the sweep of every axis too (``None``: the main sweep itself)."""
     parts = ["nested"] if args.nested else []
+    axes = tuple(getattr(args, "axes", None) or ())
     if args.data_dir is not None and args.groups is not None and tuple(
             tuple(g) for g in args.groups.values()) != GROUPS:
         # sites joined by "_", groups by "-" (no site name holds a "-")
         parts.extend("_".join(group) for group in args.groups.values())
         # a sweep of some axes on other groups: one table per set of axes
-        parts.extend(axis.replace(" ", "_") for axis in getattr(args, "axes", None) or ())
+        parts.extend(axis.replace(" ", "_") for axis in axes)
+    elif axes and set(axes) != set(AXES):
+        parts.extend(axis.replace(" ", "_") for axis in axes)
     return "-".join(parts) or None
 
 

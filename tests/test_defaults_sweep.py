@@ -295,6 +295,12 @@ def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
     (["--data-dir", "D", "--groups", "C=OLIN,SBL", "--axes", "local epochs,features"],
      "OLIN_SBL-local_epochs-features"),
     (["--groups", "PITT,YALE"], None),  # built-in cohort: groups are not real sites
+    # some axes of the main groups: beside the sweep of every axis, not over it
+    (["--data-dir", "D", "--nested", "--axes", "optimiser,dropout"],
+     "nested-optimiser-dropout"),
+    (["--axes", "local epochs"], "local_epochs"),
+    (["--data-dir", "D", "--nested", "--axes", "model,features,stopping rule,local epochs,"
+                                             "dropout,weight decay,optimiser"], "nested"),
 ])
 def test_a_sweep_on_other_groups_is_published_beside_the_main_one(
         sweep: ModuleType, argv: list[str], variant: str | None) -> None:
