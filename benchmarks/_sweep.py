@@ -256,17 +256,19 @@ class _InnerSite(NamedTuple):
     mean_fd: np.ndarray
 
 
-def inner_references(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int
-                     ) -> list[Cell]:
+def inner_references(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int,
+                     *, scored_on: ScoredOn = "test") -> list[Cell]:
     """Return the majority-class and motion-only cells of one inner split (nested designs).
 
-    Fitted on each site's inner training subjects and scored on its inner test subjects,
-    the split :func:`inner_datas` gives a run: no outer test subject is read.
+    Fitted on each site's inner training subjects and scored on its inner test subjects
+    (or inner validation subjects), the split :func:`inner_datas` gives a run: no outer
+    test subject is read.
     """
     from fedbn_med.evaluation.references import reference_cells
 
     return reference_cells(spec.fold, spec.seed,
-                           _inner_splits(sites, spec, inner_folds, inner_fold))
+                           _inner_splits(sites, spec, inner_folds, inner_fold),
+                           scored_on=scored_on)
 
 
 def _inner_splits(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int

@@ -34,6 +34,7 @@ import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before nu
 # isort: split
 import argparse
 import csv
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -42,7 +43,7 @@ from typing import Any
 
 from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
 from _plots import bar_plot
-from _sweep import inner_datas
+from _sweep import inner_datas, inner_references
 from _sweep_grid import (
     AXES,
     CRITERION,
@@ -235,6 +236,37 @@ class Sweep:
                  and inner in inners]
         return summarise(cells, self.test_train_ratio)
 
+    def reference_summaries(self, group: str) -> dict[str, Summary]:
+        """Return the majority-class and motion-only rows' figures in a group.
+
+        Fitted per site on the training subjects of every cell the values ran on (the
+        inner training subjects when nested) and scored as the values are: on the
+        validation and test subjects (inner ones when nested).
+        """
+        from fedbn_med.evaluation.cell_data import prepare_sites
+        from fedbn_med.evaluation.comparison import REFERENCES
+        from fedbn_med.evaluation.references import reference_cells
+
+        cells: dict[str, list[dict[str, float]]] = {n: [] for n in REFERENCES}
+        inners = range(self.inner_folds) if self.inner_folds else (-1,)
+        for fold, seed in self.bench.cells:
+            spec = self.base.replace(sites=self.groups[group], fold=fold, seed=seed)
+            prepared = None if self.inner_folds else prepare_sites(spec)
+            for inner in inners:
+                scored = {}
+                for part in ("val", "test"):
+                    refs = (inner_references(spec.sites, spec, self.inner_folds, inner,
+                                             scored_on=part) if prepared is None
+                            else reference_cells(fold, seed, prepared, scored_on=part))
+                    scored[part] = {c.strategy: c.scores["best"] for c in refs}
+                for name in REFERENCES:
+                    cells[name].append({
+                        f"{part}_{m}": scored[part][name][m]["mean"]
+                        for part in ("val", "test")
+                        for m in ("auc", "balanced_accuracy", "accuracy")} | {
+                        "val_loss": math.nan})
+        return {n: summarise(c, self.test_train_ratio) for n, c in cells.items()}
+
     @property
     def test_train_ratio(self) -> float:
         """Return n_test / n_train of a run: of the outer split, or of the inner one."""
@@ -343,13 +375,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                           for g in groups})
         rows_of.append(("combined", combined))
 
+    from fedbn_med.evaluation.comparison import REFERENCES
+
+    references = {g: sweep.reference_summaries(g) for g in groups}
+    summaries.update({("reference", n, g): references[g][n] for g in groups for n in REFERENCES})
     body, csv_rows, metrics = [], [], {}
     confirmed = True
-    for axis, v in rows_of:
+    for axis, v in [*rows_of, *(("reference", Value("reference", n)) for n in REFERENCES)]:
         per = [summaries[(axis, v.label, g)] for g in groups]
         tests = {m: combine_intervals([s.test[m] for s in per])
                  for m in ("test_balanced_accuracy", "test_auc")}
-        if axis == "combined":
+        if axis == "reference":
+            mark = "reference, not a value"
+        elif axis == "combined":
             default = [sweep.summary(Value("", ""), g).score(criterion) for g in groups]
             confirmed = all(s.score(criterion) > d for s, d in zip(per, default))
             mark = (f"confirmation: {'beats' if confirmed else 'does not beat'} the default "
@@ -366,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      mark.strip()])
         row: dict[str, object] = {"axis": axis, "value": v.label, "at": v.at,
                                   "changes": ";".join(f"{k}={x}" for k, x in v.changes),
-                                  "chosen": axis != "combined" and v.label == chosen[axis][0].label}
+                                  "chosen": axis in chosen and v.label == chosen[axis][0].label}
         for g, s in zip(groups, per):
             row[f"cells_{g}"] = s.cells
             row.update({f"{k}_{g}": round(x, 6) for k, x in s.val.items()})
@@ -421,6 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not confirmed:
         notes += ("\nThe changed values together do not beat the default in every group: "
                   "each passes alone, their combination is not confirmed.")
+    notes += ("\nReference rows: the majority class and motion alone (a logistic regression "
+              "on mean FD), fitted per site on the same runs' training subjects"
+              + (" (inner)" if inner_folds else "") + " and scored as the values are; they "
+              "are no candidate value.")
 
     def plot(path: Path) -> Path:
         labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]

@@ -54,7 +54,12 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     assert [(r[0], r[1]) for r in body if r[0] != "combined"] == [
         ("optimiser", "SGD lr 3e-3"), ("optimiser", "Adam lr 1e-3"),
         ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
-        ("features", "whole series"), ("features", "windows 32 (step 16)")]
+        ("features", "whole series"), ("features", "windows 32 (step 16)"),
+        ("reference", "Majority class"), ("reference", "Motion only (mean FD)")]
+    # the majority class scores every subject alike: AUC 50 % on validation and test
+    majority = next(r for r in body if r[1] == "Majority class")
+    assert majority[2:4] == ["50.0", "50.0"] and majority[5].startswith("50.0")
+    assert majority[-1] == "reference, not a value"
     for axis in ("optimiser", "stopping rule", "features"):
         assert sum("**chosen**" in r[-1] for r in body if r[0] == axis) == 1, body
     # the stopping rule is never chosen on validation (its round is chosen there)
@@ -62,6 +67,7 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
     assert all(re.fullmatch(r"\d+\.\d", r[2]) and re.fullmatch(r"\d+\.\d", r[3])
                for r in body), body
     assert "Criterion, fixed before the runs: val_auc" in printed
+    assert "Reference rows: the majority class and motion alone" in printed
     with open(out / "cells.csv", newline="", encoding="utf-8") as handle:
         cells = list(csv.DictReader(handle))
     # the default is run once per group and shared by every axis: 3 settings x 2 groups
@@ -208,6 +214,13 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
     assert len(cells) == 8 * 2 * 2
     header = (out / "table.md").read_text(encoding="utf-8").splitlines()[0]
     assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
+    body = _rows((out / "table.md").read_text(encoding="utf-8"))
+    # the reference rows of the same inner splits: no candidate, majority at 50 %
+    assert [r[1] for r in body[-2:]] == ["Majority class", "Motion only (mean FD)"]
+    assert body[-2][2:4] == ["50.0"] * 2 and body[-2][-1] == "reference, not a value"
+    # (an inner validation part of this small release may hold one class: AUC undefined)
+    assert set(body[-2][4:6]) <= {"50.0", "nan"}
+    assert not any("**chosen**" in r[-1] for r in body[-2:])
     assert "No outer test subject is trained on, fitted on or scored" in printed
     # no nested run saw an outer test subject: every row it holds is outside the fold
     assert seen
