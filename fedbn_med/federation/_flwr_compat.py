@@ -34,6 +34,8 @@ from typing import Any, cast
 
 import httpx
 
+from fedbn_med.federation._bounded_http import ContentsTooLarge, cap_object_pulls
+
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsTooLarge", "FleetSession",
     "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config", "pull_available",
@@ -146,10 +148,6 @@ _RETRY_ERRORS: tuple[type[Exception], ...] = (
 
 class MessageRefused(Exception):
     """A message from the server that this site will not read (too large, incomplete)."""
-
-
-class ContentsTooLarge(Exception):
-    """A message's contents, pulled so far, exceed the bytes its receiver accepts."""
 
 
 def pull_available(pull: Callable[[str], bytes], object_ids: list[str],
@@ -357,6 +355,7 @@ class FleetSession:
         if len(ids) > max_objects:
             raise MessageRefused(f"it names {len(ids)} objects, more than the {max_objects} "
                                  "this site accepts in one message")
+        cap_object_pulls(self._client._client, max_bytes)  # noqa: SLF001 - one object's bytes
         pull = make_pull_object_fn_protobuf(
             lambda request: self._call(self._client.PullObject, request), node, run_id)
         contents: dict[str, bytes] = {}

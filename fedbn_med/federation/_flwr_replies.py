@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import httpx
 
+from fedbn_med.federation._bounded_http import cap_object_pulls
 from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal comes from it
     FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
     SYSTEM_MESSAGE_TYPE,
@@ -120,6 +121,7 @@ def _pull_contents(grid: Any, item: InTransit, max_bytes: int | None = None
         When the SuperLink does not have an object, or the contents exceed ``max_bytes``.
     """
     client = grid._runtime_client  # noqa: SLF001
+    cap_object_pulls(client._client, max_bytes)  # noqa: SLF001 - refused while it arrives
     run_id = grid.run.run_id
     pull = make_pull_object_fn_protobuf(client.PullObject, grid.node, run_id)
     object_ids = list(dict.fromkeys(t.object_id for t in iterate_object_tree(item.tree)))
