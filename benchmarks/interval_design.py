@@ -20,10 +20,15 @@ the corrected half-width for more repetitions and more subjects: ``t * s * sqrt(
 + n_test / n_train)`` with ``s^2`` shrinking as ``1 / subjects``. More repetitions cannot
 push it below ``t * s * sqrt(n_test / n_train)``; past that only more subjects (sites)
 help. The first design that reaches the target is marked. A projection from a few cells
-is rough: run that design to confirm it.
+is rough: run that design to confirm it. No real federation has the subjects of such a
+design; the built-in cohort can: ``--cohort-scale K`` multiplies each of its sites'
+subjects by K (at most 5), and ``--resplit-only`` runs the re-split design alone (the
+design the protocol uses), so that a projected design can be run and its half-width
+read off, not projected.
 
     python benchmarks/interval_design.py [--quick] [--data-dir DIR] [--sites A,B,C,D]
                                          [--folds N] [--seeds S] [--target-pp 3]
+                                         [--cohort-scale K] [--resplit-only]
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from fedbn_med.evaluation.intervals import (
 from fedbn_med.evaluation.pairing import paired_differences
 from fedbn_med.evaluation.runner import run_comparison
 from fedbn_med.evaluation.tables import format_stats
+from fedbn_med.tasks.abide.settings import MAX_COHORT_SCALE
 
 NAME = "interval_design"
 STRATEGIES = ("fedbn", "fedavg")
@@ -65,6 +71,17 @@ def _positive(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of percentage points "
                                          f"such as 3, got {text!r}")
+    return value
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_COHORT_SCALE):
+        raise argparse.ArgumentTypeError(f"expected a number in (0, {MAX_COHORT_SCALE:g}] "
+                                         f"such as 4, got {text!r}")
     return value
 
 
@@ -111,31 +128,54 @@ def main(argv: Sequence[str] | None = None) -> int:
                          quick=Budget(rounds=2, folds=2, seeds=2))
     parser.add_argument("--target-pp", type=_positive, default=3.0,
                         help="half-width to reach, in percentage points (default 3)")
+    parser.add_argument("--cohort-scale", type=_scale, default=None,
+                        help="built-in cohort only: each site's subjects times K (at most "
+                             f"{MAX_COHORT_SCALE:g})")
+    parser.add_argument("--resplit-only", action="store_true",
+                        help="run the re-split design alone (no fixed-splits design)")
     bench = Benchmark(parser, argv)
-    if bench.args.seeds < 2 or bench.args.folds < 2:
+    args = bench.args
+    if args.seeds < 2 or args.folds < 2:
         parser.error(f"--folds and --seeds must both be at least 2 to compare the designs, "
-                     f"got {bench.args.folds} and {bench.args.seeds}")
-    sites = bench.args.sites or bench.config().sites
-    specs = {LABELS[s]: strategy_config(bench, s, sites=sites) for s in STRATEGIES}
+                     f"got {args.folds} and {args.seeds}")
+    if args.cohort_scale is not None and args.data_dir is not None:
+        parser.error("--cohort-scale sizes the built-in cohort; real data have the subjects "
+                     "they have (omit --cohort-scale or --data-dir)")
+    scale = args.cohort_scale or 1.0
+    variant = "-".join(([f"cohort_x{scale:g}"] if args.cohort_scale else [])
+                       + (["resplit"] if args.resplit_only else []))
+    bench.set_variant(variant or None)
+    sites = args.sites or bench.config().sites
+    specs = {LABELS[s]: strategy_config(bench, s, sites=sites,
+                                        **({"cohort_scale": scale} if args.cohort_scale
+                                           else {}))
+             for s in STRATEGIES}
     a, b = LABELS["fedbn"], LABELS["fedavg"]
     seeds = list(bench.seeds)
-    bench.runs += len(specs) * len(bench.folds) * (2 * len(seeds) - 1)
+    bench.runs += len(specs) * len(bench.folds) * (
+        len(seeds) if args.resplit_only else 2 * len(seeds) - 1)
     resplit = run_comparison(specs, bench.folds, seeds, progress=True)
-    fixed = Comparison(sites=resplit.sites, resplit=False, n_folds=resplit.n_folds,
-                       cells=[c for c in resplit.cells if c.seed == seeds[0]])
-    fixed.cells += run_comparison(specs, bench.folds, seeds[1:], progress=True,
-                                  split_seed=seeds[0]).cells
+    designs = [("re-split", resplit)]
+    if not args.resplit_only:
+        fixed = Comparison(sites=resplit.sites, resplit=False, n_folds=resplit.n_folds,
+                           cells=[c for c in resplit.cells if c.seed == seeds[0]])
+        fixed.cells += run_comparison(specs, bench.folds, seeds[1:], progress=True,
+                                      split_seed=seeds[0]).cells
+        designs.insert(0, ("fixed splits", fixed))
+    subjects = resplit.cells[0].n_train + resplit.cells[0].n_test
 
     header = ["design", "metric", "cells", "FedBN - FedAvg (pp)", "naive 95 % CI",
               "naive half-width", "corrected 95 % CI", "corrected half-width",
               "subjects 95 % CI", "subjects half-width"]
     body, rows = [], []
-    for design, comparison in (("fixed splits", fixed), ("re-split", resplit)):
+    for design, comparison in designs:
         for metric in METRICS:
             row, csv = design_rows(comparison, design, metric, a, b)
             body.append(row)
             rows.append(csv)
-    table = (f"FedBN - FedAvg on {', '.join(resplit.sites)}, site-mean test score at the "
+    where = (f"the built-in cohort at {scale:g} times each site's subjects ({subjects} "
+             "subjects), " if args.cohort_scale else "")
+    table = (f"FedBN - FedAvg on {where}{', '.join(resplit.sites)}, site-mean test score at the "
              f"round of lowest validation loss, {len(bench.folds)} folds x {len(seeds)} "
              "seeds. Naive: t over the cells as if independent; corrected: Nadeau-Bengio "
              f"(n_test/n_train = {resplit.test_train_ratio:.3f}); subjects: bootstrap over "
@@ -175,20 +215,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "no design in the grid reaches it")
     projection = (f"Projected corrected half-width (pp) of FedBN - FedAvg, "
                   f"{len(bench.folds)} folds, from the re-split cells' spread; subjects: "
-                  f"times the {resplit.cells[0].n_train + resplit.cells[0].n_test} subjects of "
+                  f"times the {subjects} subjects of "
                   f"these sites; ** first design reaching "
                   f"{bench.args.target_pp:g} pp.\n\n" + markdown_table(proj_header, proj_body)
                   + f"\n\nFirst design reaching {bench.args.target_pp:g} pp: {verdict}.")
 
     def plot(path: Path) -> Path:
-        groups = [f"{d} {m}" for d in ("fixed", "re-split") for m in METRICS]
+        groups = [f"{d} {m}" for d, _ in designs for m in METRICS]
+        n = len(groups)
         series = {}
         for label, (lo_key, hi_key) in (("naive", ("naive_low", "naive_high")),
                                         ("corrected", ("corrected_low", "corrected_high")),
                                         ("subjects", ("subjects_low", "subjects_high"))):
             halves = [100 * (float(r[hi_key]) - float(r[lo_key])) / 2  # type: ignore[arg-type]
-                      for r in rows[:4]]
-            series[label] = ([h if math.isfinite(h) else 0.0 for h in halves], [0.0] * 4)
+                      for r in rows[:n]]
+            series[label] = ([h if math.isfinite(h) else 0.0 for h in halves], [0.0] * n)
         return bar_plot(path, groups, series, ylabel="95 % half-width (pp)",
                         title=f"FedBN - FedAvg intervals, {len(bench.folds)} x {len(seeds)}")
 

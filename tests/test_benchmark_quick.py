@@ -188,6 +188,34 @@ def test_interval_design(bench: Loader, abide_release: Path, store: str, tmp_pat
     _benchmark_run(store, "interval_design")
 
 
+def test_interval_design_runs_a_design_on_a_larger_cohort(bench: Loader, abide_release: Path,
+                                                          tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    """--cohort-scale: the built-in cohort with more subjects per site, re-split only."""
+    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "data"))
+    module = bench("interval_design")
+    argv = ["--quick", "--sites", "USM,UCLA", "--resplit-only", "--out", str(tmp_path / "o"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    subjects = {}
+    for scale in ("0.5", "1.5"):
+        assert module.main([*argv, "--cohort-scale", scale]) == 0
+        printed = capsys.readouterr().out
+        (header, body), _ = _tables(printed)
+        assert [r[0] for r in body] == ["re-split", "re-split"]
+        found = re.search(rf"built-in cohort at {scale} times each site's subjects "
+                          r"\((\d+) subjects\)", printed)
+        assert found, printed
+        subjects[scale] = int(found.group(1))
+    # three times the scale, about three times the subjects (rounding per site and class)
+    assert 2.5 < subjects["1.5"] / subjects["0.5"] < 3.5
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--data-dir", str(abide_release), "--cohort-scale", "2"])
+    assert "--cohort-scale sizes the built-in cohort" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--cohort-scale", "6"])
+    assert "expected a number in (0, 5]" in capsys.readouterr().err
+
+
 def test_paper_pipeline(bench: Loader, abide_release: Path, store: str, tmp_path: Path,
                         capsys) -> None:
     out = tmp_path / "out"

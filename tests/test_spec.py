@@ -52,6 +52,7 @@ def test_the_command_line_has_no_defaults_of_its_own():
     ({"strategy": "fedbm"}, "Unknown strategy 'fedbm'"),
     ({"sites": ("NYU", "NYU")}, "sites name a site twice"),
     ({"site_effect": -1.0}, "site_effect must be a finite number >= 0"),
+    ({"cohort_scale": 0}, r"cohort_scale must lie in \(0, 5\], got 0"),
     ({"roundz": 3}, r"Unknown setting\(s\) roundz for task 'abide'"),
 ])
 def test_bad_settings_are_refused_with_what_was_expected(changes, message):

@@ -64,7 +64,8 @@ def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
     from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, ensure_cohort
 
     wanted = tuple(dict.fromkeys((*DEFAULT_SITE_IDS, *site.abide_site_ids)))
-    return ensure_cohort(sites=wanted, site_effect=config.settings.site_effect)
+    return ensure_cohort(sites=wanted, site_effect=config.settings.site_effect,
+                         n_subjects_scale=config.settings.cohort_scale)
 
 
 def _load_split(site: SiteConfig, config: RunSpec, split: Split | None = None

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = ["COHORT_VERSION", "COMPARE", "CONNECTIVITY", "DEFAULTS", "ENGINE", "FEATURE_TRANSFORMS",
-           "HARMONIZERS", "MODELS", "NUM_FEATURES", "OPTIMIZERS", "THRESHOLDS", "Settings"]
+           "HARMONIZERS", "MAX_COHORT_SCALE", "MODELS", "NUM_FEATURES", "OPTIMIZERS",
+           "THRESHOLDS", "Settings"]
 
 #: Version of the built-in cohort's generator (:mod:`fedbn_med.tasks.abide.cohort`); it is
 #: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
@@ -16,6 +17,9 @@ __all__ = ["COHORT_VERSION", "COMPARE", "CONNECTIVITY", "DEFAULTS", "ENGINE", "F
 #: shared real sites (``benchmarks/cohort_calibrate.py``, ``cohort/figures_v3.py``);
 #: version 2 stays reproducible (``generate_cohort(version="2")``).
 COHORT_VERSION = "3"
+
+#: The most the built-in cohort's subjects per site may be multiplied by (``cohort_scale``).
+MAX_COHORT_SCALE = 5.0
 
 #: Upper triangle of the 111 x 111 Harvard-Oxford connectivity matrix.
 NUM_FEATURES = 111 * 110 // 2
@@ -75,6 +79,10 @@ class Settings:
     site_effect : float
         Strength of the built-in cohort's site effects (0: every site scans alike; 1: the
         real sites' figures). Ignored for real ABIDE data.
+    cohort_scale : float
+        The built-in cohort's subjects per site, times the real site's count (default 1;
+        ``benchmarks/interval_design.py`` runs a design on more subjects than any real
+        site has). Ignored for real ABIDE data.
     connectivity : str
         ``"correlation"``: Fisher-z Pearson correlations of the whole series (the FedBN
         paper). ``"tangent"``: each subject's shrunk covariance in the tangent space at
@@ -121,6 +129,7 @@ class Settings:
 
     task: ClassVar[str] = "abide"
     site_effect: float = 1.0
+    cohort_scale: float = 1.0
     connectivity: str = "correlation"
     harmonize: str = "none"
     fd_regression: bool = False
@@ -136,6 +145,11 @@ class Settings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 math.isfinite(value) and value >= 0):
             raise ValueError(f"site_effect must be a finite number >= 0, got {value!r}.")
+        scale = self.cohort_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+                math.isfinite(scale) and 0 < scale <= MAX_COHORT_SCALE):
+            raise ValueError(f"cohort_scale must lie in (0, {MAX_COHORT_SCALE:g}], got "
+                             f"{scale!r}.")
         for name, valid in (("connectivity", CONNECTIVITY), ("harmonize", HARMONIZERS),
                             ("optimizer", OPTIMIZERS), ("threshold", THRESHOLDS),
                             ("model", MODELS)):
@@ -164,7 +178,8 @@ class Settings:
 
     def log_params(self) -> dict[str, object]:
         """Return what MLflow logs of these settings (with the built-in cohort's version)."""
-        return {"site_effect": self.site_effect, "cohort_version": COHORT_VERSION,
+        return {"site_effect": self.site_effect, "cohort_scale": self.cohort_scale,
+                "cohort_version": COHORT_VERSION,
                 "connectivity": self.connectivity, "harmonize": self.harmonize,
                 "fd_regression": self.fd_regression,
                 "windows": self.windows, "window_step": self.window_step,

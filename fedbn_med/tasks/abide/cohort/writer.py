@@ -53,7 +53,7 @@ from fedbn_med.tasks.abide.data.layout import (
     NO_FILENAME,
     PHENOTYPIC_FILENAME,
 )
-from fedbn_med.tasks.abide.settings import COHORT_VERSION
+from fedbn_med.tasks.abide.settings import COHORT_VERSION, MAX_COHORT_SCALE
 
 __all__ = [
     "COHORT_VERSION",
@@ -71,7 +71,7 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILENAME = COHORT_MANIFEST_FILENAME
 _PIPELINE, _STRATEGY, _DERIVATIVE = "cpac", "filt_noglobal", "rois_ho"
-MAX_SUBJECTS_SCALE = 5.0
+MAX_SUBJECTS_SCALE = MAX_COHORT_SCALE
 #: Generator versions this module can still write (2 stays reproducible for old results).
 COHORT_VERSIONS = ("2", "3")
 #: Environment variable holding the built-in cohort's seed when none is given.
