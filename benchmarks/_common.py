@@ -167,6 +167,8 @@ class Benchmark:
         #: A run with other features than the default's (e.g. ``"tangent"``): its results
         #: and its published table get their own folder and key.
         self.variant: str | None = None
+        #: What the data description leaves out (e.g. a built-in cohort made larger).
+        self.data_note: str | None = None
 
     def set_variant(self, variant: str | None) -> None:
         """Publish and write this run apart from the default's (see :attr:`variant`)."""
@@ -286,7 +288,8 @@ class Benchmark:
                     + " and ".join(f"group {g} {', '.join(s)}"
                                    for g, s in self.real_groups.items())), ()
         sites = tuple(getattr(self.args, "sites", None) or RunSpec.for_task(TASK).sites)
-        return describe_data(sites, real), sites
+        note = f"; {self.data_note}" if self.data_note else ""
+        return describe_data(sites, real) + note, sites
 
     def _publish(self, report: str, csv: str, protocol: str, check: str,
                  files: Mapping[str, bytes]) -> None:

@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              "loss of the round, acc = validation accuracy (no test split is read)\n\n"
              + markdown_table(header, body) + "\n\n"
              + reference_caption(bench, "accuracy", scored_on="val")
-             + " (fitted per site on each cell's training subjects)")
+             + " (fitted per site on each cell's training subjects; they predict at 0.5, "
+             "the methods at the run's threshold)")
     rows = [{"strategy": lb, "fold": fold, "seed": seed, "round": rnd,
              **{m: round(per_cell[lb][m][fold, seed][rnd - 1], 6) for m in METRICS}}
             for lb in per_cell for fold, seed in bench.cells for rnd in range(1, rounds + 1)]

@@ -124,7 +124,8 @@ def sweep_variant(args: argparse.Namespace) -> str | None:
     sweeps of other axes beside each other; a sweep of some axes only, on any groups, is
     published beside the sweep of every axis too (``None``: the main sweep itself)."""
     parts = ["nested"] if args.nested else []
-    axes = tuple(getattr(args, "axes", None) or ())
+    # in the grid's order, so that one sweep has one key however its axes were listed
+    axes = tuple(sorted(getattr(args, "axes", None) or (), key=list(AXES).index))
     if args.data_dir is not None and args.groups is not None and tuple(
             tuple(g) for g in args.groups.values()) != GROUPS:
         # sites joined by "_", groups by "-" (no site name holds a "-")
@@ -461,8 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "each passes alone, their combination is not confirmed.")
     notes += ("\nReference rows: the majority class and motion alone (a logistic regression "
               "on mean FD), fitted per site on the same runs' training subjects"
-              + (" (inner)" if inner_folds else "") + " and scored as the values are; they "
-              "are no candidate value.")
+              + (" (inner)" if inner_folds else "") + " and scored as the values are, "
+              "predicting at 0.5 (FedBN at the run's threshold); they are no candidate "
+              "value.")
 
     def plot(path: Path) -> Path:
         labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]

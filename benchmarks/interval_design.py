@@ -142,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--cohort-scale sizes the built-in cohort; real data have the subjects "
                      "they have (omit --cohort-scale or --data-dir)")
     scale = args.cohort_scale or 1.0
-    variant = "-".join(([f"cohort_x{scale:g}"] if args.cohort_scale else [])
+    # a key names no ".": 2.5 times the subjects is "cohort_x2p5"
+    variant = "-".join(([f"cohort_x{scale:g}".replace(".", "p")] if args.cohort_scale else [])
                        + (["resplit"] if args.resplit_only else []))
     bench.set_variant(variant or None)
     sites = args.sites or bench.config().sites
@@ -163,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       split_seed=seeds[0]).cells
         designs.insert(0, ("fixed splits", fixed))
     subjects = resplit.cells[0].n_train + resplit.cells[0].n_test
+    if args.cohort_scale:
+        bench.data_note = f"each site's subjects x{scale:g} ({subjects} subjects)"
 
     header = ["design", "metric", "cells", "FedBN - FedAvg (pp)", "naive 95 % CI",
               "naive half-width", "corrected 95 % CI", "corrected half-width",

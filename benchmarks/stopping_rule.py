@@ -201,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"with the corrected resampled t (n_test/n_train = 1/{inner_folds - 1}). "
         "'One-class sites': the share of (run, site) scores whose test predictions were "
         "all one class. The majority-class and motion-only (mean FD) rows are fitted on "
-        "each run's inner training subjects and scored on its inner test subjects; they "
-        "are no stopping rule and are not chosen from. Every other setting is the main "
+        "each run's inner training subjects and scored on its inner test subjects, "
+        "predicting at 0.5 (FedBN at the run's threshold); they are no stopping rule and "
+        "are not chosen from. Every other setting is the main "
         f"job's default. Chosen: {chosen} ({why}).")
 
     def plot(path: Path) -> Path:

@@ -12,7 +12,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from fedbn_med.federation._bounded_http import ContentsTooLarge, cap_object_pulls
+from fedbn_med.federation._bounded_http import (
+    FRAMING,
+    ContentsRefused,
+    ContentsTooLarge,
+    cap_object_pulls,
+)
 
 CHUNK = 1024
 
@@ -34,12 +39,18 @@ class _Body(httpx.SyncByteStream):
         self.closed = True
 
 
-def _client(body: _Body, *, declare: bool) -> httpx.Client:
+def _client(body: _Body, *, declare: bool, encoding: str | None = None) -> httpx.Client:
     def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("accept-encoding"))
         headers = {"content-length": str(body.chunks * CHUNK)} if declare else {}
+        if encoding is not None:
+            headers["content-encoding"] = encoding
         return httpx.Response(200, headers=headers, stream=body)
 
-    return httpx.Client(transport=httpx.MockTransport(handler))
+    seen: list[str | None] = []
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    client.seen = seen  # type: ignore[attr-defined]
+    return client
 
 
 def test_a_declared_oversize_object_is_refused_before_its_body_is_read() -> None:
@@ -49,21 +60,38 @@ def test_a_declared_oversize_object_is_refused_before_its_body_is_read() -> None
     with pytest.raises(ContentsTooLarge, match=f"exceed the {10 * CHUNK} bytes"):
         client.post("http://superlink/v1/fleet/pull-object", content=b"id")
     assert body.read == 0 and body.closed
+    assert client.seen == ["identity"]  # type: ignore[attr-defined]  # uncompressed only
 
 
 def test_an_undeclared_oversize_object_is_refused_once_past_the_cap() -> None:
-    body = _Body(chunks=100)
+    body = _Body(chunks=200)
     client = _client(body, declare=False)
-    cap_object_pulls(client, int(2.5 * CHUNK))
+    cap = int(2.5 * CHUNK)
+    cap_object_pulls(client, cap)
     with pytest.raises(ContentsTooLarge):
         client.post("http://superlink/v1/runtime/pull-object", content=b"id")
-    assert body.read == 3 and body.closed  # 3 KiB read of 100, not the whole body
+    # the cap and the framing allowance read, not the whole body
+    assert body.read == (cap + FRAMING) // CHUNK + 1 < body.chunks and body.closed
+
+
+def test_a_compressed_object_is_refused_unread() -> None:
+    """Its bytes on the wire say nothing of its size once decoded (a zip bomb)."""
+    body = _Body(chunks=2)
+    client = _client(body, declare=True, encoding="gzip")
+    cap_object_pulls(client, 10 * CHUNK)
+    with pytest.raises(ContentsRefused, match=r"came compressed \(gzip\)"):
+        client.post("http://superlink/v1/fleet/pull-object", content=b"id")
+    assert body.read == 0
 
 
 def test_objects_within_the_cap_and_other_calls_are_read_whole() -> None:
     client = _client(_Body(chunks=4), declare=False)
     cap = cap_object_pulls(client, 4 * CHUNK)
     assert len(client.post("http://superlink/v1/fleet/pull-object").content) == 4 * CHUNK
+    # an object at the bound, its framing beside it, is read (the sum is checked after)
+    exact = _client(_Body(chunks=4), declare=True)
+    cap_object_pulls(exact, 4 * CHUNK)
+    assert len(exact.post("http://superlink/v1/fleet/pull-object").content) == 4 * CHUNK
     big = _client(_Body(chunks=50), declare=True)
     cap_object_pulls(big, CHUNK)
     # only pull-object responses are capped (a FAB, a run's config are not objects)

@@ -381,3 +381,26 @@ def test_a_method_that_transforms_features_gets_them_in_the_comparison(
     cell = run_cell(zspec.replace(rounds=2), "FedAvg, site z", prepared, sites)
     for name in sites:
         assert cell.predictions[name].index.size == prepared[name].split.test.size
+
+
+def test_every_method_of_a_comparison_sees_the_same_subjects() -> None:
+    """Methods on cohorts of other sizes or site effects would not share their cells."""
+    from fedbn_med.evaluation.runner import run_comparison
+
+    base = RunSpec.for_task("abide", sites=("USM", "UCLA"), rounds=1)
+    for change in ({"cohort_scale": 2.0}, {"site_effect": 0.0}):
+        other = base.replace(strategy="fedavg", **change)
+        with pytest.raises(ValueError, match="must run on the same sites and data"):
+            run_comparison({"FedBN": base, "FedAvg": other}, [0], [0])
+    # on real data the folder decides (checked before any data is read)
+    real = base.replace(data_dir=Path("/data/abide"))
+    with pytest.raises(ValueError, match="must run on the same sites and data"):
+        run_comparison({"a": real, "b": real.replace(data_dir=Path("/other"))}, [0], [0])
+
+
+def test_a_scan_site_refuses_a_larger_cohort() -> None:
+    from fedbn_med.tasks.abide.build import resolve_site_data_dir
+
+    spec = RunSpec.for_task("abide", cohort_scale=2.0)
+    with pytest.raises(ValueError, match="site 'CITY' brings its own scans"):
+        resolve_site_data_dir(load_sites(["CITY"])["CITY"], spec)

@@ -130,6 +130,19 @@ def run_cell(spec: RunSpec, label: str | None = None,
     return cell
 
 
+def _data_of(spec: RunSpec) -> tuple[object, ...]:
+    """Return what decides a spec's subjects: its data folder, or the cohort's settings.
+
+    The built-in cohort's subjects depend on its site effect and size; every method of a
+    comparison must see the same subjects in each cell.
+    """
+    if spec.data_dir is not None:
+        return (spec.data_dir,)
+    settings = spec.settings
+    return ("built-in", getattr(settings, "site_effect", None),
+            getattr(settings, "cohort_scale", None))
+
+
 def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
                    seeds: Iterable[int], *, progress: bool = False,
                    split_seed: int | None = None) -> Comparison:
@@ -158,11 +171,11 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
         raise ValueError("A comparison needs at least one method; none was given.")
     first = next(iter(specs.values()))
     for label, spec in specs.items():
-        if spec.sites != first.sites or spec.data_dir != first.data_dir:
+        if spec.sites != first.sites or _data_of(spec) != _data_of(first):
             raise ValueError(f"Every method of a comparison must run on the same sites and "
                              f"data; '{label}' has sites {', '.join(spec.sites)} and data "
-                             f"{spec.data_dir}, the first has {', '.join(first.sites)} and "
-                             f"{first.data_dir}.")
+                             f"{_data_of(spec)}, the first has {', '.join(first.sites)} and "
+                             f"{_data_of(first)}.")
     sites = load_sites(list(first.sites))
     comparison = Comparison(sites=tuple(first.sites), n_folds=first.n_folds,
                             resplit=split_seed is None)

@@ -7,7 +7,11 @@ it back. :func:`cap_object_pulls` puts a response hook on the connection's
 ``httpx.Client``: a pull-object response that declares more bytes than the cap is refused
 before its body is read, and one that does not say (chunked) is refused as soon as the
 bytes read pass the cap. Both raise :class:`ContentsTooLarge`, which each side already
-turns into a refusal of that message.
+turns into a refusal of that message. The cap is the message's byte bound plus
+:data:`FRAMING` (a response holds an object and its protobuf framing; the exact bound on
+contents is the sum :func:`._flwr_compat.pull_available` checks). The connection asks for
+uncompressed bodies, and a compressed pull-object response is refused
+(:class:`ContentsRefused`): its size on the wire says nothing of its size once decoded.
 """
 
 from __future__ import annotations
@@ -17,13 +21,19 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ContentsTooLarge", "ObjectCap", "cap_object_pulls"]
+__all__ = ["ContentsRefused", "ContentsTooLarge", "ObjectCap", "cap_object_pulls"]
 
 #: The path every Flower pull-object call ends with (Fleet and runtime APIs alike).
 PULL_OBJECT_PATH = "/pull-object"
+#: Bytes a pull-object response may hold beyond the object itself (its framing).
+FRAMING = 64 * 1024
 
 
-class ContentsTooLarge(Exception):
+class ContentsRefused(Exception):
+    """A message's contents that their receiver will not read (its message says why)."""
+
+
+class ContentsTooLarge(ContentsRefused):
     """A message's contents, pulled so far, exceed the bytes its receiver accepts."""
 
 
@@ -38,7 +48,7 @@ class _CappedStream(httpx.SyncByteStream):
         seen = 0
         for chunk in self._stream:
             seen += len(chunk)
-            if seen > self._cap:
+            if seen > self._cap + FRAMING:
                 raise ContentsTooLarge(f"its contents exceed the {self._cap} bytes")
             yield chunk
 
@@ -56,8 +66,13 @@ class ObjectCap:
         cap = self.limit
         if cap is None or not response.request.url.path.endswith(PULL_OBJECT_PATH):
             return
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise ContentsRefused(f"its contents came compressed ({encoding}): objects are "
+                                  "read uncompressed only, so that their size is known "
+                                  "while they arrive")
         declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cap:
+        if declared.isdigit() and int(declared) > cap + FRAMING:
             raise ContentsTooLarge(f"its contents exceed the {cap} bytes")
         response.stream = _CappedStream(response.stream, cap)
 
@@ -66,12 +81,14 @@ def cap_object_pulls(client: httpx.Client, limit: int | None) -> ObjectCap:
     """Cap every pull-object response of ``client`` at ``limit`` bytes; return the cap.
 
     Installed once per client (a second call sets the limit of the one installed), so
-    a long-lived connection can be capped anew for each message.
+    a long-lived connection can be capped anew for each message; the client asks for
+    uncompressed bodies from then on.
     """
     hooks = client.event_hooks
     cap = next((h for h in hooks.get("response", []) if isinstance(h, ObjectCap)), None)
     if cap is None:
         cap = ObjectCap()
         client.event_hooks = {**hooks, "response": [*hooks.get("response", []), cap]}
+        client.headers["accept-encoding"] = "identity"
     cap.limit = limit
     return cap

@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import httpx
 
-from fedbn_med.federation._bounded_http import ContentsTooLarge, cap_object_pulls
+from fedbn_med.federation._bounded_http import ContentsRefused, ContentsTooLarge, cap_object_pulls
 
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsTooLarge", "FleetSession",
@@ -364,8 +364,9 @@ class FleetSession:
             try:
                 if pull_available(pull, ids, contents, max_bytes):
                     break
-            except ContentsTooLarge as err:
-                raise MessageRefused(f"{err} this site accepts in one message") from None
+            except ContentsRefused as err:
+                bound = " this site accepts in one message" * isinstance(err, ContentsTooLarge)
+                raise MessageRefused(f"{err}{bound}") from None
             if time.monotonic() >= deadline:
                 raise MessageRefused(f"its contents did not all arrive within {timeout:g} s "
                                      f"({len(contents)} of {len(ids)} objects)")

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import httpx
 
-from fedbn_med.federation._bounded_http import cap_object_pulls
+from fedbn_med.federation._bounded_http import ContentsRefused, cap_object_pulls
 from fedbn_med.federation._flwr_compat import (  # the door: every flwr internal comes from it
     FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE,
     SYSTEM_MESSAGE_TYPE,
@@ -128,10 +128,10 @@ def _pull_contents(grid: Any, item: InTransit, max_bytes: int | None = None
     try:
         if not pull_available(pull, object_ids, item.contents, max_bytes):
             return None  # the rest comes at a later call
-    except ContentsTooLarge as err:
+    except ContentsRefused as err:
         item.contents.clear()
-        raise ObjectPullError(item.head.metadata.message_id,
-                              f"{err} a reply may hold") from None
+        bound = " a reply may hold" * isinstance(err, ContentsTooLarge)
+        raise ObjectPullError(item.head.metadata.message_id, f"{err}{bound}") from None
     message_id = item.head.metadata.message_id
     client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
         node=grid.node, run_id=run_id, message_object_id=message_id))

@@ -56,6 +56,10 @@ def resolve_site_data_dir(site: SiteConfig, config: RunSpec) -> Path:
     if site.scans is not None:
         from fedbn_med.tasks.abide.scans.site import site_rois_dir
 
+        if config.settings.cohort_scale != 1:
+            raise ValueError(f"cohort_scale={config.settings.cohort_scale:g} sizes the built-in "
+                             f"cohort's sites; site '{site.name}' brings its own scans, whose "
+                             "number is fixed. Leave it out of the run, or cohort_scale at 1.")
         return site_rois_dir(site, site_effect=config.settings.site_effect)
     if config.data_dir is not None:
         return Path(config.data_dir)
