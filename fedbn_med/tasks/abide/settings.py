@@ -31,7 +31,8 @@ NUM_FEATURES = 111 * 110 // 2
 #: features (``Settings.windows``, ``Settings.window_step``) are the nested sweep's
 #: choice (``--nested``, inner test scores, README "The main job's defaults"): windows
 #: of 32 volumes every 16, best in both groups since the last training batch of 2-3
-#: examples joins the one before it.
+#: examples joins the one before it. Swept again, nested, around the windowed features
+#: (optimiser and lr, weight decay, dropout, local epochs; 2026-12-05): nothing changes.
 DEFAULTS: dict[str, Any] = {
     "sites": ("NYU", "UM", "USM", "UCLA"),
     "rounds": 100,
