@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from fedbn_med.training.trainer import SiteData
 
 __all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "inner_references",
-           "interval_caption", "publish_site_comparison", "reference_caption", "references",
-           "run_grid", "summary", "sweep"]
+           "interval_caption", "one_class_sites", "publish_site_comparison",
+           "reference_caption", "references", "run_grid", "summary", "sweep"]
 
 V = TypeVar("V", bound=Hashable)
 #: Which interval a table gives: the corrected resampled t, or the naive t over cells.
@@ -126,6 +126,12 @@ def references(bench: Benchmark, *, scored_on: ScoredOn = "test", **changes: Any
     comparison = Comparison(sites=tuple(base.sites), metric_names=task_metrics(base.task))
     add_reference_rows(comparison, base, bench.cells, scored_on=scored_on)
     return comparison
+
+
+def one_class_sites(cells: Iterable[Cell]) -> list[float]:
+    """Return, per (cell, site), 1.0 where a reference row predicted one class only (at 0.5)."""
+    return [float(np.all(p.prob >= 0.5) or np.all(p.prob < 0.5))
+            for c in cells for p in c.predictions.values()]
 
 
 def reference_caption(bench: Benchmark, metric: str = METRIC, *,

@@ -147,9 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        + (["resplit"] if args.resplit_only else []))
     bench.set_variant(variant or None)
     sites = args.sites or bench.config().sites
-    specs = {LABELS[s]: strategy_config(bench, s, sites=sites,
-                                        **({"cohort_scale": scale} if args.cohort_scale
-                                           else {}))
+    specs = {LABELS[s]: strategy_config(bench, s, sites=sites, cohort_scale=scale)
              for s in STRATEGIES}
     a, b = LABELS["fedbn"], LABELS["fedavg"]
     seeds = list(bench.seeds)

@@ -39,7 +39,7 @@ from _common import (
     site_mean,
 )
 from _plots import bar_plot
-from _sweep import corrected, inner_datas, inner_references
+from _sweep import corrected, inner_datas, inner_references, one_class_sites
 from defaults_sweep import add_groups_option, resolve_groups
 
 from fedbn_med.evaluation.comparison import REFERENCES
@@ -89,8 +89,7 @@ def score_at(history: Any, rnd: int) -> dict[str, float]:
 
 def reference_scores(cell: Any) -> dict[str, float]:
     """Return a reference cell's inner-test AUC, balanced accuracy and one-class share."""
-    one = [float(np.all(p.prob >= 0.5) or np.all(p.prob < 0.5))
-           for p in cell.predictions.values()]
+    one = one_class_sites([cell])
     return {"auc": cell.scores["best"]["auc"]["mean"],
             "balanced_accuracy": cell.scores["best"]["balanced_accuracy"]["mean"],
             "one_class": float(np.mean(one)) if one else math.nan}

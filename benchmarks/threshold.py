@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from _common import Benchmark, Budget, make_parser, markdown_table, run
 from _plots import bar_plot
-from _sweep import corrected, references
+from _sweep import corrected, one_class_sites, references
 from defaults_sweep import add_groups_option, resolve_groups
 
 NAME = "threshold"
@@ -166,9 +166,7 @@ def _reference_rows(bench: Benchmark, groups: Mapping[str, tuple[str, ...]]
             crit = float(np.nanmean(list(val.values(name, "best", "balanced_accuracy").values())))
             bal = corrected(test.values(name, "best", "balanced_accuracy").values())
             auc = float(np.nanmean(list(test.values(name, "best", "auc").values())))
-            one = float(np.mean([float(np.all(p.prob >= 0.5) or np.all(p.prob < 0.5))
-                                 for c in test.cells if c.strategy == name
-                                 for p in c.predictions.values()]))
+            one = float(np.mean(one_class_sites(c for c in test.cells if c.strategy == name)))
             cells, row = out[name]
             cells += [f"{100 * crit:.1f}", format_stats(*bal), f"{100 * auc:.1f}",
                       f"{100 * one:.0f}"]
