@@ -217,3 +217,45 @@ def test_the_progress_bar_shows_validation_loss_and_never_a_test_score():
     })
     assert shown == {"sites": "3", "val_loss": "0.6000"}
     assert progress_postfix({"NYU": {"test_accuracy": 0.9}}) == {"sites": "1"}
+
+
+def test_a_run_on_prepared_sites_is_the_same_run_and_keeps_its_subjects(small_cohort,
+                                                                         tmp_path) -> None:
+    # what --compare --engine inprocess does: every method of a cell trains on the cell's
+    # prepared sites; the run must be the run the task builds alone, plus its predictions
+    from fedbn_med.evaluation.cell_data import prepare_sites
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.training.tracked_run import run_tracked
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = RunSpec.for_task("abide", rounds=3, sites=("NYU", "UM"), data_dir=small_cohort,
+                            device="cpu", fold=1, seed=2)
+    alone = run_tracked(spec, tracking_uri=store)
+    sites = load_sites(list(spec.sites))
+    prepared = prepare_sites(spec, sites)
+    kept = run_tracked(spec, tracking_uri=store, prepared=prepared, sites=sites)
+    assert "predictions" not in alone
+    assert kept["rows"] == alone["rows"]
+    assert kept["selected_round"] == alone["selected_round"]
+    for name, p in kept["predictions"].items():
+        assert np.array_equal(p.index, prepared[name].split.test)
+        accuracy = float(np.mean(p.predicted == (p.labels == 1)))
+        assert accuracy == pytest.approx(kept["selected"][name]["test_accuracy"], abs=5e-5)
+    assert kept["n_test"] == sum(p.split.test.size for p in prepared.values())
+
+
+def test_compare_in_process_prints_the_subject_level_tests(small_cohort, tmp_path,
+                                                           capsys) -> None:
+    from fedbn_med.cli import main
+
+    code = main(["--compare", "fedbn,fedavg", "--engine", "inprocess", "--sites", "NYU,UM",
+                 "--data-dir", str(small_cohort), "--folds", "2", "--seeds", "1",
+                 "--rounds", "2", "--quiet", "--workdir", str(tmp_path / "work"),
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Subject-level paired tests" in out
+    rows = [line for line in out.splitlines() if line.startswith("| fedbn - ")]
+    assert [r.split(" | ")[0] for r in rows if "McNemar" not in r and "p = " in r] == [
+        "| fedbn - fedavg", "| fedbn - Majority class", "| fedbn - Motion only (mean FD)"]

@@ -130,8 +130,38 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
                                       **server_options(args))
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
+    cells = _Cells(specs) if compare_list(args) and args.engine == "inprocess" else None
     for spec in local:
+        prepared, sites = cells.of(spec) if cells is not None else (None, None)
         by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
-                                        progress=not args.quiet)
+                                        progress=not args.quiet, prepared=prepared,
+                                        sites=sites)
     return [by_spec[id(s)] for s in specs]
+
+
+class _Cells:
+    """Each (fold, seed) cell's prepared ABIDE sites, shared by a comparison's methods.
+
+    With them, every in-process method of a cell trains on the same subjects through its
+    own feature chain and keeps each test subject's prediction, for the subject-level
+    tests; other tasks have none (their runs prepare their own data).
+    """
+
+    def __init__(self, specs: list[RunSpec]) -> None:
+        self.task = specs[0].task
+        self.cache: dict[tuple[int, int], dict] = {}
+        self.sites: dict | None = None
+
+    def of(self, spec: RunSpec) -> tuple[dict | None, dict | None]:
+        if self.task != "abide":
+            return None, None
+        from fedbn_med.evaluation.cell_data import prepare_sites
+        from fedbn_med.tasks.abide.sites import load_sites
+
+        if self.sites is None:
+            self.sites = load_sites(list(spec.sites))
+        key = (spec.fold, spec.seed)
+        if key not in self.cache:
+            self.cache[key] = prepare_sites(spec, self.sites)
+        return self.cache[key], self.sites
 

@@ -44,7 +44,11 @@ def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
     comparison = Comparison(sites=tuple(specs[0].sites), n_folds=specs[0].n_folds,
                             metric_names=metrics)
     for spec, result in zip(specs, results):
+        # in-process ABIDE runs keep their test subjects' predictions: subject-level tests
         comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
+                                      predictions=result.get("predictions"),
+                                      n_train=result.get("n_train", 0),
+                                      n_test=result.get("n_test", 0),
                                       metrics=metrics, selection=selection))
     if specs[0].task == "abide":  # the majority-class and motion-only rows
         from fedbn_med.evaluation.references import add_reference_rows

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
 
-__all__ = ["compare", "run_cell", "run_comparison", "task_metrics"]
+__all__ = ["BestRoundKeeper", "compare", "run_cell", "run_comparison", "task_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,13 @@ def task_metrics(task: str) -> tuple[str, ...]:
     return tuple(getattr(settings_module(task), "METRICS", METRICS))
 
 
-class _BestRoundKeeper:
-    """Keep each site's test predictions at the round the task's selection picks."""
+class BestRoundKeeper:
+    """Keep each site's test predictions at the round the task's selection picks.
+
+    Called after each round (a run's ``on_round``); :attr:`predictions` then holds each
+    site's :class:`~fedbn_med.evaluation.comparison.SitePredictions` at the round
+    selected so far, the run's result when it ends.
+    """
 
     def __init__(self, trainers: Mapping[str, Any], prepared: Mapping[str, PreparedSite],
                  selection: Selection) -> None:
@@ -53,6 +58,7 @@ class _BestRoundKeeper:
         self.predictions: dict[str, SitePredictions] = {}
 
     def __call__(self, rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+        """Take round ``rnd``'s validation scores; keep its predictions if it is selected."""
         # best_round's rule, round by round; until a round can be selected, the latest
         # (best_round's fall-back is the last round)
         if not self.running.take(rnd, metrics.values()) and self.running.best:
@@ -114,7 +120,7 @@ def run_cell(spec: RunSpec, label: str | None = None,
     else:
         prepared = with_features(spec, prepared, sites)
         federation = build_federation(spec, {name: p.data for name, p in prepared.items()})
-        keeper = _BestRoundKeeper(federation.trainers, prepared, task.selection)
+        keeper = BestRoundKeeper(federation.trainers, prepared, task.selection)
     history = federation.run(on_round=keeper)
     splits = [p.split for p in (prepared or {}).values()]
     cell = Cell.from_rows(

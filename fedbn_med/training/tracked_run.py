@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedbn_med.spec import RunSpec
+
+if TYPE_CHECKING:
+    from fedbn_med.evaluation.cell_data import PreparedSite
+    from fedbn_med.tasks.abide.sites import SiteConfig
 
 __all__ = ["run_tracked"]
 
 logger = logging.getLogger(__name__)
 
 
-def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: bool = False
-                ) -> dict[str, Any]:
+def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: bool = False,
+                prepared: Mapping[str, PreparedSite] | None = None,
+                sites: Mapping[str, SiteConfig] | None = None) -> dict[str, Any]:
     """Run ``spec`` in this process, logging every round and the results to MLflow.
 
     Parameters
@@ -25,6 +30,14 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         MLflow store (default: :func:`fedbn_med.tracking.default_tracking_uri`).
     progress : bool
         Show a progress bar over the rounds.
+    prepared : mapping, optional
+        The sites' data of the spec's (fold, seed) cell
+        (:func:`fedbn_med.evaluation.cell_data.prepare_sites`, ABIDE): the run trains on
+        them through the spec's own feature chain, as a comparison's runs do, and keeps
+        each test subject's prediction at the selected round (``--compare`` then gives the
+        subject-level tests).
+    sites : mapping of site name to SiteConfig, optional
+        The site files of ``prepared`` (loaded from ``sites/`` when omitted).
 
     Returns
     -------
@@ -34,7 +47,9 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         run's result); ``final`` (each site's metrics at ``last_round``); ``table``
         (markdown: the selected round, the last round's scores beside it, the round of the
         saved weights and any site that predicts one class only); ``rows`` (every round and
-        site) and ``parent_run_id`` (MLflow).
+        site) and ``parent_run_id`` (MLflow). With ``prepared``, also ``predictions``
+        (each site's test subjects at the selected round), ``n_train`` and ``n_test``
+        (subjects of every site outside and inside the test fold).
     """
     from tqdm.auto import tqdm
 
@@ -54,7 +69,23 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             bar.set_postfix(progress_postfix(metrics), refresh=False)
             bar.update(1)
 
-        history, kept = run_spec(spec, on_round=on_round)
+        keeper = None
+        if prepared is None:
+            history, kept = run_spec(spec, on_round=on_round)
+        else:
+            from fedbn_med.evaluation.cell_data import with_features
+            from fedbn_med.evaluation.runner import BestRoundKeeper
+            from fedbn_med.training.inprocess import build_federation
+
+            prepared = with_features(spec, prepared, sites)
+            federation = build_federation(spec, {n: p.data for n, p in prepared.items()})
+            keeper = BestRoundKeeper(federation.trainers, prepared, task.selection)
+
+            def keep(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+                on_round(rnd, metrics)
+                keeper(rnd, metrics)
+
+            history, kept = federation.run(on_round=keep), federation.kept
         result = history.result()
         tracker.log_text(result.table + "\n", "results.md")
         tracker.log_metrics({"selected_round": result.selected_round})
@@ -62,7 +93,13 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             tracker.log_shared_weights(history.global_weights, kept)
         if history.selected_weights and history.selected_round == result.selected_round:
             tracker.log_shared_weights(history.selected_weights, kept, "model/selected")
-    return {"strategy": history.strategy, "selected": result.selected,
-            "selected_round": result.selected_round, "final": result.last,
-            "last_round": result.last_round, "table": result.table, "rows": history.rows,
-            "parent_run_id": tracker.parent_id}
+    out = {"strategy": history.strategy, "selected": result.selected,
+           "selected_round": result.selected_round, "final": result.last,
+           "last_round": result.last_round, "table": result.table, "rows": history.rows,
+           "parent_run_id": tracker.parent_id}
+    if keeper is not None and prepared is not None:
+        splits = [p.split for p in prepared.values()]
+        out.update(predictions=keeper.predictions,
+                   n_train=sum(s.train.size + s.val.size for s in splits),
+                   n_test=sum(s.test.size for s in splits))
+    return out
