@@ -91,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     acc: dict[str, dict[float, dict[str, dict[tuple[int, int], float]]]] = {
         s: {e: {k: {} for k in (*sites, "mean", "auc")} for e in sigma} for s in STRATEGIES}
     spent: dict[tuple[str, float], float] = {}
+    # the same, one patient replaced by another rather than added or removed
+    spent_replace: dict[tuple[str, float], float] = {}
 
     def spec(eps: float, strategy: str, fold: int, seed: int) -> RunSpec:
         dp = {} if math.isinf(eps) else {"dp_clip": clip, "dp_noise": sigma[eps],
@@ -106,22 +108,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         acc[strategy][eps]["auc"][fold, seed] = selected(history, "test_auc")
         reported = [float(m.get("dp_epsilon", math.inf)) for m in final.values()]
         spent[strategy, eps] = max(spent.get((strategy, eps), 0.0), max(reported))
+        replaced = [float(m.get("dp_epsilon_replace_one", math.inf)) for m in final.values()]
+        spent_replace[strategy, eps] = max(spent_replace.get((strategy, eps), 0.0),
+                                           max(replaced))
 
     def stats(strategy: str, eps: float, key: str = "mean") -> tuple[float, float, float]:
         return corrected(acc[strategy][eps][key].values())
 
-    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)", *sites, "mean",
-              "mean AUC"]
+    header = ["method", "target epsilon", "sigma", "epsilon spent (max site)",
+              "replace-one epsilon (max site)", *sites, "mean", "mean AUC"]
     body, rows = [], []
     for strategy in STRATEGIES:
         for eps in sigma:
             cells = [format_stats(*stats(strategy, eps, k)) for k in (*sites, "mean", "auc")]
-            used = spent[strategy, eps]
+            used, replace = spent[strategy, eps], spent_replace[strategy, eps]
             body.append([LABELS[strategy], _eps_label(eps), f"{sigma[eps]:.3g}",
-                         "inf" if math.isinf(used) else f"{used:.2f}", *cells])
+                         *("inf" if math.isinf(v) else f"{v:.2f}" for v in (used, replace)),
+                         *cells])
             rows.append({"method": LABELS[strategy], "target_epsilon": eps,
                          "sigma": sigma[eps], "clip": clip, "delta": delta,
-                         "epsilon_spent": used, "cells": len(bench.cells),
+                         "epsilon_spent": used, "epsilon_replace_one": replace,
+                         "cells": len(bench.cells),
                          **{f"{'auc' if k == 'auc' else 'balanced_accuracy'}_"
                             f"{'mean' if k == 'auc' else k}_{part}": value
                             for k in ("mean", *sites, "auc")
@@ -133,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          .values()))
                  for site, metric in [*((k, "balanced_accuracy") for k in sites),
                                       ("mean", "balanced_accuracy"), ("mean", "auc")]]
-        body.append([name, "n/a", "n/a", "n/a", *cells])
+        body.append([name, "n/a", "n/a", "n/a", "n/a", *cells])
     table = (f"Test balanced accuracy (%) per site and its site mean, and the site-mean test "
              f"AUC, under client-level DP at the selected round (lowest mean validation "
              f"loss), {interval_caption(len(bench.cells))}; {rounds} rounds, clip C = "
@@ -155,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                 "(dashed: FedBN without DP)")
 
     notes = ("sigma is the noise multiplier that spends the target epsilon over the run's "
-             "rounds (Opacus RDP accountant); each site's epsilon is what it reported. "
+             "rounds (Opacus RDP accountant); each site's epsilon is what it reported: for "
+             "adding or removing one patient, and for replacing one patient by another "
+             "(the larger; both at the same delta). "
              + ("The noise was drawn from the operating system (--fresh-noise): a rerun "
                 "gives other figures." if bench.args.fresh_noise else
                 "The noise was drawn from each run's seed, so the table repeats; such noise "

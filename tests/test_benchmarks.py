@@ -77,11 +77,20 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
     assert "| " + " | ".join(header) + " |" in printed
     assert "s wall time" in printed
     if name == "privacy_utility":  # the reference rows have their means too
+        # replacing a patient costs more epsilon than adding or removing one
+        spent, replaced = header.index("epsilon spent (max site)"), header.index(
+            "replace-one epsilon (max site)")
+        private = [row for row in body if row[1] not in ("inf (no DP)", "n/a")]
+        assert private and all(float(r[replaced]) > float(r[spent]) for r in private)
         assert body[-2][-2:] == ["50.0", "50.0"], body[-2]
     if name == "convergence":  # the reference rows, on the validation subjects it reads
         assert re.search(r"Reference rows on the same cells \(validation accuracy, site "
                          r"mean\): Majority class \d+\.\d.*; Motion only \(mean FD\) "
                          r"\d+\.\d", printed)
+    if name == "rounds_to_target":  # balanced accuracy: the majority class is at 50 %
+        assert header[0] == "target val_balanced_accuracy (%)"
+        assert ("Reference rows on the same cells (validation balanced accuracy, site mean): "
+                "Majority class 50.0") in printed
     if name == "heterogeneity":  # the reference rows' columns, majority at 50 %
         assert header[-2:] == ["majority class (%)", "motion only (%)"]
         assert all(row[-2].startswith("50.0") for row in body)
