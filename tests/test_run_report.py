@@ -259,3 +259,25 @@ def test_compare_in_process_prints_the_subject_level_tests(small_cohort, tmp_pat
     rows = [line for line in out.splitlines() if line.startswith("| fedbn - ")]
     assert [r.split(" | ")[0] for r in rows if "McNemar" not in r and "p = " in r] == [
         "| fedbn - fedavg", "| fedbn - Majority class", "| fedbn - Motion only (mean FD)"]
+    # the comparison's MLflow run holds each subject's pooled out-of-fold prediction
+    import csv
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = out.split("the comparison is run ")[1].split()[0].rstrip(",")
+    with open(client.download_artifacts(run_id, "predictions.csv", str(tmp_path)),
+              newline="") as fh:
+        pooled = list(csv.DictReader(fh))
+    assert {r["strategy"] for r in pooled} >= {"fedbn", "fedavg"}
+    assert all(0.0 <= float(r["prob_asd"]) <= 1.0 for r in pooled)
+
+
+def test_a_comparison_without_predictions_says_why_it_has_no_subject_tests() -> None:
+    from fedbn_med.evaluation.comparison import Cell, Comparison
+
+    comparison = Comparison(sites=("A", "B"))
+    for name in ("FedBN", "FedAvg"):
+        comparison.add(Cell.from_rows(name, 0, 0, _rows()))
+    comparison.add(Cell.from_rows("Majority class", 0, 0, _rows(), reference=True))
+    assert "No subject-level tests: these runs kept no test subject's" in comparison.report()

@@ -104,6 +104,11 @@ def report(comparison: Comparison) -> str:
                          "both bootstraps resample subjects within sites and difference "
                          "the cells' site-mean score):\n\n"
                          + subjects)
+        elif any(c.reference for c in comparison.cells):  # ABIDE: say why they are absent
+            parts.append("No subject-level tests: these runs kept no test subject's "
+                         "prediction (over Flower each prediction stays at its site). "
+                         "`--compare --engine inprocess` keeps them on one machine, and "
+                         "so do the benchmarks.")
     rounds = [c.best_round for c in comparison.cells if not c.reference]
     if rounds:
         last = next(c.last_round for c in comparison.cells if not c.reference)
