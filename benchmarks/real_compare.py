@@ -13,7 +13,7 @@ Preprocessed release, or any release in its layout).
                                       [--folds N] [--seeds S] [--weighting samples|equal]
                                       [--connectivity correlation|tangent]
                                       [--model mlp|linear] [--weight-decay W]
-                                      [--batch-size B] [--windows W]
+                                      [--batch-size B] [--windows W] [--fd-regression]
 
 ``--connectivity tangent`` runs every strategy on tangent-space features (each site's
 reference fitted on its own training subjects) and publishes apart from the default's
@@ -23,6 +23,9 @@ apart, e.g. ``real_compare-real-<sites>-tangent-linear-wd10``; so does ``--batch
 (``-b8``), which on small sites sets how many local steps each takes per round, and
 ``--windows`` (``--windows 0``: one whole-series correlation vector per subject, the
 default before the nested defaults sweep chose windows of 32 volumes; ``-w0``).
+``--fd-regression`` removes, within each site's training rows, every feature's linear
+dependence on mean framewise displacement (``-fdreg``): the motion-only row then says how
+much a model could have learnt from motion alone, and this table how much is left.
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"correlation windows of this many volumes (default: the task's, "
                              f"{windows} every {Settings().window_step}); 0: whole-series "
                              "correlations. Another is published apart (-w0)")
+    parser.add_argument("--fd-regression", action="store_true",
+                        help="regress every feature on mean FD within each site's training "
+                             "rows first (published apart, -fdreg)")
     bench = Benchmark(parser, argv)
     args = bench.args
     if args.windows is not None and not (args.windows == 0 or args.windows >= 3):
@@ -102,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else "",
              f"b{args.batch_size}" if args.batch_size != DEFAULTS["batch_size"] else "",
              f"w{args.windows}" if features == "correlation" and args.windows != windows
-             else ""]
+             else "", "fdreg" if args.fd_regression else ""]
     bench.set_variant("-".join(p for p in parts if p) or None)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
@@ -116,14 +122,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                connectivity=features, model=args.model,
                                                windows=args.windows,
                                                weight_decay=args.weight_decay,
-                                               batch_size=args.batch_size)
+                                               batch_size=args.batch_size,
+                                               fd_regression=args.fd_regression)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
     shape = (f"correlation windows of {spec.settings.windows} volumes every "
              f"{spec.settings.window_step} (a test subject scores the mean of its windows)"
              if spec.settings.windows else f"whole-series {features}")
-    notes = (f"Sites {', '.join(sites)} from {data}; features: {shape}; "
+    fdreg = ("mean FD regressed out of every feature on each site's training rows; "
+             if args.fd_regression else "")
+    notes = (f"Sites {', '.join(sites)} from {data}; features: {shape}; {fdreg}"
              f"{'model ' + args.model + '; ' if args.model != Settings().model else ''}"
              f"{f'weight decay {args.weight_decay:g}; ' if parts[2] else ''}"
              f"{spec.settings.optimizer.upper()} lr "

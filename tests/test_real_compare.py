@@ -165,3 +165,9 @@ def test_tangent_features_run_and_publish_apart(real_compare: ModuleType, releas
         real_compare.main([*argv, "--out", str(tmp_path / "x"), "--windows", "32",
                            "--connectivity", "tangent"])
     assert "--windows 32 cuts correlation windows" in capsys.readouterr().err
+    # mean FD regressed out of the features: its own key, other predictions
+    assert real_compare.main([*argv, "--out", str(tmp_path / "f"), "--fd-regression"]) == 0
+    assert "mean FD regressed out of every feature" in capsys.readouterr().out
+    regressed = published / "real_compare-real-PITT_YALE_KKI-fdreg"
+    assert "--fd-regression" in (regressed / "meta.json").read_text(encoding="utf-8")
+    assert (regressed / "table.csv").read_text(encoding="utf-8") not in (tangent, plain)
