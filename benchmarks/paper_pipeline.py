@@ -17,7 +17,8 @@ cell, in process, and reports two figures of every run:
 
 The majority-class and motion-only rows are fitted on the same cells. Windows start
 every ``--window-step`` volumes (the published code: every volume, ``--window-step 1``;
-default 16, the main job's step, so that a run takes seconds).
+default 16, the main job's step, so that a run takes seconds; another step publishes
+apart, e.g. ``-step1``).
 
     python benchmarks/paper_pipeline.py [--quick] [--data-dir DIR --sites A,B,C,D]
                                         [--strategies fedbn,fedavg] [--window-step 16]
@@ -90,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"--window-step be at least 1, got {bench.args.strategies!r} and "
                      f"{bench.args.window_step}")
     paper = {**PAPER, "window_step": bench.args.window_step}
+    if bench.args.window_step != 16:  # another step is another table (e.g. -step1)
+        bench.set_variant(f"step{bench.args.window_step}")
 
     def spec(pipeline: str, strategy: str, fold: int, seed: int) -> RunSpec:
         return strategy_config(bench, strategy, fold=fold, seed=seed,
