@@ -24,7 +24,11 @@ the two first sites with ``--quick``), else the stored ones v3 is drawn from
 seconds.
 
     python benchmarks/cohort_check.py [--quick] [--site-effects 0,1] [--seed 0] [--version 3]
-                                      [--real-dir DIR] [--publish]
+                                      [--cohort-seeds 0,1,2] [--real-dir DIR] [--publish]
+
+``--cohort-seeds`` measures the calibration figures on the cohort of each seed (site
+effect 1) and gives each figure's mean and range over them: how much of a match (or a
+miss) is one draw's luck.
 
 It writes ``table.md`` (what it printed) and ``table.csv`` (one row per site, site effect
 and figure) into ``benchmarks/results/cohort_check/`` (or ``--out``). ``--publish`` also
@@ -106,18 +110,34 @@ def _features(site_effect: float, seed: int, data_dir: Path | None, version: str
     return root, out
 
 
-def _calibration_table(root: Path, seed: int, version: str, real_dir: Path | None,
-                       quick: bool) -> tuple[str, list[dict[str, object]]]:
-    """Return the calibration table, its legend and its CSV rows (one per figure)."""
+def _calibration_table(roots: dict[int, Path], seed: int, version: str,
+                       real_dir: Path | None, quick: bool
+                       ) -> tuple[str, list[dict[str, object]]]:
+    """Return the calibration table, its legend and its CSV rows (one per figure).
+
+    ``roots``: the cohort of each cohort seed; with several, the cohort's column gives
+    each figure's mean over them and its range, and the CSV each seed's figure.
+    """
     from cohort_calibrate import QUICK_SITES, SHARED_SITES, calibrate
 
     from fedbn_med.tasks.abide.cohort.calibration import edge_distance, load_samples, measure
     from fedbn_med.tasks.abide.cohort.figures_v3 import REAL_FIGURES
     from fedbn_med.tasks.abide.data import load_site_features
 
-    samples = load_samples(root, ["NYU", "UM", "USM", "UCLA"])
-    roi = load_site_features(root, ("NYU",), name="NYU").roi_labels
-    found = measure(samples, distance=edge_distance(roi), seed=seed)["summary"]
+    by_seed = {}
+    for cohort_seed, root in roots.items():
+        samples = load_samples(root, ["NYU", "UM", "USM", "UCLA"])
+        roi = load_site_features(root, ("NYU",), name="NYU").roi_labels
+        by_seed[cohort_seed] = measure(samples, distance=edge_distance(roi),
+                                       seed=seed)["summary"]
+    found = {k: float(np.mean([f[k] for f in by_seed.values()])) for k in REAL_FIGURES}
+    low = {k: min(f[k] for f in by_seed.values()) for k in REAL_FIGURES}
+    high = {k: max(f[k] for f in by_seed.values()) for k in REAL_FIGURES}
+
+    def cohort(k: str) -> str:
+        if len(by_seed) == 1:
+            return f"{found[k]:.3f}"
+        return f"{found[k]:.3f} ({low[k]:.3f} to {high[k]:.3f})"
     real, column = dict(REAL_FIGURES), f"real, {len(SHARED_SITES)} shared sites (stored)"
     if real_dir is not None:
         sites = SHARED_SITES[:QUICK_SITES] if quick else SHARED_SITES
@@ -126,8 +146,10 @@ def _calibration_table(root: Path, seed: int, version: str, real_dir: Path | Non
     body, rows = [], []
     for label, keys, how in FIGURES:
         body.append([label, " / ".join(f"{real[k]:.3f}" for k in keys),
-                     " / ".join(f"{found[k]:.3f}" for k in keys)])
+                     " / ".join(cohort(k) for k in keys)])
         rows += [{"figure": k, "label": label, "real": real[k], "cohort": found[k],
+                  **({f"cohort_seed{s}": f[k] for s, f in by_seed.items()}
+                     if len(by_seed) > 1 else {}),
                   "how_v3_gets_it": how} for k in keys]
     legend = "; ".join(
         f"{HOW[how]}: {', '.join(label for label, _, h in FIGURES if h == how)}"
@@ -138,8 +160,22 @@ def _calibration_table(root: Path, seed: int, version: str, real_dir: Path | Non
         note = ("\n\nMeasured now as stored in figures_v3.py." if not moved else
                 f"\n\nDiffers from figures_v3.py (the figures v3 is drawn from): "
                 f"{', '.join(f'{k} {REAL_FIGURES[k]:.4f}' for k in moved)}.")
-    table = markdown_table(["figure", column, f"cohort v{version}, 4 sites"], body)
+    seeds = ", ".join(map(str, by_seed))
+    head = (f"cohort v{version}, 4 sites" if len(by_seed) == 1 else
+            f"cohort v{version}, 4 sites, cohort seeds {seeds}: mean (range)")
+    table = markdown_table(["figure", column, head], body)
     return f"{table}\n\nHow v3 gets each figure. {legend}.{note}", rows
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(dict.fromkeys(int(t) for t in text.split(",") if t.strip()))
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds >= 0 such as "
+                                         f"0,1,2, got {text!r}")
+    return seeds
 
 
 def _auc(score: np.ndarray, labels: np.ndarray) -> float:
@@ -180,6 +216,8 @@ def _publish(args: argparse.Namespace, argv: Sequence[str] | None, table: str,
     from fedbn_med.evaluation.report import csv_text
 
     data = f"built-in cohort v{version}, seed {args.seed}, sites NYU, UM, USM, UCLA"
+    if args.cohort_seeds and args.cohort_seeds != (args.seed,):
+        data += f" (calibration figures: cohort seeds {', '.join(map(str, args.cohort_seeds))})"
     if scale != 1:
         data += f" ({scale:g} x the subjects)"
     if args.real_dir is not None:
@@ -207,6 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--site-effects", type=float_list, default=None,
                         help="site effects to generate (default 0,1; --quick: 1)")
     parser.add_argument("--seed", type=int, default=0, help="cohort seed")
+    parser.add_argument("--cohort-seeds", type=_seeds, default=None,
+                        help="cohort seeds of the calibration table, comma-separated "
+                             "(default: --seed); with several, each figure's mean and "
+                             "range over them")
     parser.add_argument("--version", default=None,
                         help="cohort generator version (default: the built-in one)")
     parser.add_argument("--data-dir", type=Path, default=None,
@@ -259,8 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
              + "\n\nSite identification from the features (5-fold logistic regression)\n\n"
              + markdown_table(["site effect", "accuracy (%)"], site_rows))
     if version == "3":
-        root = roots.get(1.0) or _features(1.0, args.seed, args.data_dir, version, scale)[0]
-        calibration, rows = _calibration_table(root, args.seed, version, args.real_dir,
+        cohorts = {}
+        for cohort_seed in args.cohort_seeds or (args.seed,):
+            root = (roots.get(1.0) if cohort_seed == args.seed else None) or _features(
+                1.0, cohort_seed, args.data_dir, version, scale)[0]
+            cohorts[cohort_seed] = root
+        calibration, rows = _calibration_table(cohorts, args.seed, version, args.real_dir,
                                                args.quick)
         table += ("\n\nCalibration figures (benchmarks/cohort_calibrate.py), site_effect 1, "
                   "training parts\n\n" + calibration)

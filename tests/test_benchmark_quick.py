@@ -92,6 +92,24 @@ def test_cohort_check(bench: Loader, bench_data: Path, tmp_path: Path, capsys) -
     assert (tmp_path / "table.md").read_text(encoding="utf-8").strip() in printed
 
 
+def test_cohort_check_over_cohort_seeds(bench: Loader, bench_data: Path, tmp_path: Path,
+                                        capsys) -> None:
+    assert bench("cohort_check").main(["--quick", "--data-dir", str(bench_data), "--out",
+                                       str(tmp_path), "--cohort-seeds", "0,1"]) == 0
+    *_, (header, body) = _tables(capsys.readouterr().out)
+    assert header[-1] == "cohort v3, 4 sites, cohort seeds 0, 1: mean (range)"
+    rows = _csv(tmp_path / "table.csv")
+    for row in (r for r in rows if r["table"] == "calibration"):
+        one, other, mean = (float(row[k]) for k in ("cohort_seed0", "cohort_seed1", "cohort"))
+        assert mean == pytest.approx((one + other) / 2)
+    assert any(float(r["cohort_seed0"]) != float(r["cohort_seed1"])
+               for r in rows if r["table"] == "calibration")  # two draws, two cohorts
+    with pytest.raises(SystemExit):
+        bench("cohort_check").main(["--quick", "--cohort-seeds", "0,x"])
+    assert "expected comma-separated seeds >= 0 such as 0,1,2, got '0,x'" in \
+        capsys.readouterr().err
+
+
 def test_cohort_calibrate(bench: Loader, abide_release: Path, tmp_path: Path,
                           capsys) -> None:
     assert bench("cohort_calibrate").main(["--quick", "--data-dir", str(abide_release),
