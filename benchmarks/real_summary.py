@@ -328,7 +328,7 @@ def describe_key(key: str, folder: Path | None = None) -> tuple[str, str]:
     """Return (sites, features and model) of a published comparison's key.
 
     The key's variant parts (``real_compare.py``'s): ``tangent``, ``linear``, ``wd<W>``,
-    ``b<B>`` and ``w0``, e.g. ``...-tangent-linear-wd100`` is "tangent, linear wd 100".
+    ``b<B>``, ``w0`` and ``fdreg``, e.g. ``...-tangent-linear-wd100`` is "tangent, linear wd 100".
     Correlation features are windowed where the comparison's ``report.md`` (in
     ``folder``, default the published results) says so: the default's key names no
     features, and the default changed from whole series to windows on 2026-12-04.
@@ -351,6 +351,8 @@ def describe_key(key: str, folder: Path | None = None) -> tuple[str, str]:
         words += f" wd {found[1]}"
     if found := re.search(r"-b([0-9]+)-", parts):
         words += f", batch {found[1]}"
+    if "-fdreg-" in parts:
+        words += ", mean FD regressed out"
     return sites, words
 
 

@@ -322,6 +322,7 @@ def test_the_baseline_count_keeps_identical_methods_and_missing_intervals_apart(
 @pytest.mark.parametrize(("key", "described"), [
     ("real_compare-real-PITT_YALE", ("PITT_YALE", "correlation, MLP")),
     ("real_compare-real-PITT_YALE-tangent", ("PITT_YALE", "tangent, MLP")),
+    ("real_compare-real-PITT_YALE-fdreg", ("PITT_YALE", "correlation, MLP, mean FD regressed out")),
     ("real_compare-real-PITT_YALE-tangent-linear-wd100",
      ("PITT_YALE", "tangent, linear wd 100")),
     ("real_compare-real-PITT_YALE-b8", ("PITT_YALE", "correlation, MLP, batch 8")),
