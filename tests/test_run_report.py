@@ -281,3 +281,49 @@ def test_a_comparison_without_predictions_says_why_it_has_no_subject_tests() -> 
         comparison.add(Cell.from_rows(name, 0, 0, _rows()))
     comparison.add(Cell.from_rows("Majority class", 0, 0, _rows(), reference=True))
     assert "No subject-level tests: these runs kept no test subject's" in comparison.report()
+
+
+def test_in_process_keeps_each_site_s_selected_layers_beside_the_shared_weights(
+        small_cohort, tmp_path, capsys) -> None:
+    # --engine inprocess: model/selected (MLflow, shared only) with each site's kept layers
+    # of that round (the workdir, never MLflow) score what the results table reports
+    from mlflow.tracking import MlflowClient
+
+    from fedbn_med.checkpoint import load_tensors
+    from fedbn_med.cli import main
+    from fedbn_med.spec import RunSpec
+    from fedbn_med.tasks.abide.build import build_site
+
+    store, work = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "work"
+    assert main(["--engine", "inprocess", "--sites", "NYU,UM", "--data-dir", str(small_cohort),
+                 "--rounds", "4", "--quiet", "--workdir", str(work),
+                 "--tracking-uri", store]) == 0
+    assert f"{work}/<site>.selected.safetensors" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=store)
+    (parent,) = [r for r in client.search_runs(
+        [client.get_experiment_by_name("abide-fedbn").experiment_id])
+        if r.data.tags.get("mlflow.parentRunId") is None]
+    chosen = int(parent.data.metrics["selected_round"])
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "model/selected")}
+    if chosen == 4:  # the last round's weights are model/ itself
+        artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "model")}
+    (path,) = [p for p in artifacts if p.endswith(".safetensors")]
+    shared, _ = load_tensors(client.download_artifacts(parent.info.run_id, path,
+                                                       str(tmp_path)))
+    spec = RunSpec.for_task("abide", sites=("NYU", "UM"), data_dir=small_cohort, rounds=4,
+                            device="cpu")
+    torch.set_num_threads(1)
+    for site in ("NYU", "UM"):
+        kept, meta = load_tensors(work / f"{site}.selected.safetensors")
+        assert meta["round"] == chosen and kept
+        assert not set(kept) & set(shared)  # a site's layers never in the shared file
+        trainer = build_site(site, spec, small_cohort, "cpu")
+        trainer.load_kept(kept)
+        scores = trainer.score(shared)
+        rows = client.get_metric_history(
+            next(r.info.run_id for r in client.search_runs(
+                [parent.info.experiment_id],
+                f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.site = '{site}'")),
+            "test_auc")
+        logged = next(m.value for m in rows if m.step == chosen)
+        assert scores["test_auc"] == pytest.approx(logged, abs=1e-4), site

@@ -135,7 +135,8 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
         prepared, sites = cells.of(spec) if cells is not None else (None, None)
         by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
                                         progress=not args.quiet, prepared=prepared,
-                                        sites=sites)
+                                        sites=sites,
+                                        workdir=None if compare_list(args) else workdir)
     return [by_spec[id(s)] for s in specs]
 
 

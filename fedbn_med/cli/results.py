@@ -30,6 +30,11 @@ def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str,
         print(f"\n{results[0]['strategy']} after {spec.rounds} rounds (test split, fold "
               f"{spec.fold}), % per site:\n")
         print(results[0]["table"])
+        kept = results[0].get("kept_files")
+        if kept:  # in process: each site's private layers of the selected round
+            print(f"\nEach site's kept layers of the selected round (with the shared weights "
+                  f"of model/selected, its selected model; never logged to MLflow): "
+                  f"{kept[0].parent}/<site>.selected.safetensors")
     print(f"\nwall time {seconds:.1f} s; MLflow: mlflow ui --backend-store-uri {tracking_uri}")
 
 

@@ -45,6 +45,9 @@ class History:
         Those of the selected round (:meth:`best_round`), the weights its scores are of.
     selected_round : int
         The round of ``selected_weights`` (0: none kept).
+    selected_kept : dict
+        Each site's layers that never leave it (its BN layers under FedBN) at that round:
+        with ``selected_weights`` they are the site's selected model.
     """
 
     strategy: str
@@ -52,6 +55,7 @@ class History:
     global_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     selected_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     selected_round: int = 0
+    selected_kept: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
@@ -185,13 +189,21 @@ def run_in_process(
             # the best round so far: its shared weights are the selected model's, for now
             history.selected_weights = {k: v.detach().clone() for k, v in global_weights.items()}
             history.selected_round = rnd
+            history.selected_kept = {site: _kept_copy(t) for site, t in trainers.items()}
         if on_round is not None:
             on_round(rnd, round_metrics)
         logger.debug("round %d done: %s", rnd, round_metrics)
     history.global_weights = global_weights
     if history.selected_round and history.selected_round != history.best_round():
         history.selected_weights, history.selected_round = {}, 0  # best_round fell back
+        history.selected_kept = {}
     return history
+
+
+def _kept_copy(trainer: SiteTrainer) -> dict[str, torch.Tensor]:
+    """Return a CPU copy of the layers a site keeps home, as they are now."""
+    state = trainer.model.state_dict()
+    return {k: state[k].detach().to("cpu").clone() for k in trainer.kept if k in state}
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedbn_med.spec import RunSpec
@@ -11,6 +12,7 @@ from fedbn_med.spec import RunSpec
 if TYPE_CHECKING:
     from fedbn_med.evaluation.cell_data import PreparedSite
     from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.training.inprocess import History
 
 __all__ = ["run_tracked"]
 
@@ -19,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: bool = False,
                 prepared: Mapping[str, PreparedSite] | None = None,
-                sites: Mapping[str, SiteConfig] | None = None) -> dict[str, Any]:
+                sites: Mapping[str, SiteConfig] | None = None,
+                workdir: Path | None = None) -> dict[str, Any]:
     """Run ``spec`` in this process, logging every round and the results to MLflow.
 
     Parameters
@@ -38,6 +41,12 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         subject-level tests).
     sites : mapping of site name to SiteConfig, optional
         The site files of ``prepared`` (loaded from ``sites/`` when omitted).
+    workdir : path, optional
+        Where each site's kept layers of the selected round are written
+        (``<site>.selected.safetensors``, as a site keeps them over Flower); with the
+        shared weights logged as ``model/selected`` they make each site's selected
+        model. They are never logged to MLflow: under FedBN they are the BN layers,
+        which do not leave a site.
 
     Returns
     -------
@@ -49,7 +58,8 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         saved weights and any site that predicts one class only); ``rows`` (every round and
         site) and ``parent_run_id`` (MLflow). With ``prepared``, also ``predictions``
         (each site's test subjects at the selected round), ``n_train`` and ``n_test``
-        (subjects of every site outside and inside the test fold).
+        (subjects of every site outside and inside the test fold). With ``workdir``,
+        ``kept_files``: the files written (none when no site keeps a layer).
     """
     from tqdm.auto import tqdm
 
@@ -93,13 +103,27 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             tracker.log_shared_weights(history.global_weights, kept)
         if history.selected_weights and history.selected_round == result.selected_round:
             tracker.log_shared_weights(history.selected_weights, kept, "model/selected")
+        files = (_save_kept(history, workdir)
+                 if workdir is not None and history.selected_round == result.selected_round
+                 else [])
     out = {"strategy": history.strategy, "selected": result.selected,
            "selected_round": result.selected_round, "final": result.last,
            "last_round": result.last_round, "table": result.table, "rows": history.rows,
            "parent_run_id": tracker.parent_id}
+    if workdir is not None:
+        out["kept_files"] = files
     if keeper is not None and prepared is not None:
         splits = [p.split for p in prepared.values()]
         out.update(predictions=keeper.predictions,
                    n_train=sum(s.train.size + s.val.size for s in splits),
                    n_test=sum(s.test.size for s in splits))
     return out
+
+
+def _save_kept(history: History, workdir: Path) -> list[Path]:
+    """Write each site's kept layers of the selected round; return the files."""
+    from fedbn_med.checkpoint import save_tensors
+
+    meta = {"round": history.selected_round, "strategy": history.strategy}
+    return [save_tensors(workdir / f"{site}.selected.safetensors", kept, meta)
+            for site, kept in history.selected_kept.items() if kept]
