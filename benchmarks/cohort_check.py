@@ -275,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     version = args.version or COHORT_VERSION
     if version not in COHORT_VERSIONS:
         parser.error(f"--version must be one of {', '.join(COHORT_VERSIONS)}, got {version!r}")
+    if args.cohort_seeds and version != "3":
+        parser.error(f"--cohort-seeds are for the calibration table of cohort version 3; "
+                     f"version {version} has none")
     roots = {}
     body, site_rows, csv_rows = [], [], []
     for effect in effects:

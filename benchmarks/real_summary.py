@@ -227,7 +227,7 @@ def summary_rows(key: str, folder: Path | None = None) -> dict[str, object]:
 
 #: FedBN's mechanism baselines, as the comparisons name them, and their column titles
 #: (FedProx equals FedAvg to the last digit where every site takes one local step per
-#: round, as at whole series; at the windowed default it differs)
+#: round; at the windowed default it differs)
 BASELINES = {"FedAvg": "FedAvg", "FedProx": "FedProx", "silobn": "SiloBN",
              "fedavg_localbn": "FedAvg, own-site BN stats", "fedavg_sitez": "FedAvg, site z",
              "fedavg_combat": "FedAvg, ComBat", "Centralized": "Centralized"}
@@ -483,8 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"FedBN against the baselines that isolate its mechanism (FedAvg; SiloBN: BN "
              f"scale and shift shared, statistics local; FedAvg scored with each site's own "
              f"BN statistics; FedAvg on per-site z-scored or ComBat-harmonised features), "
-             f"FedProx (mu 0.01; it equals FedAvg to the last digit where each site takes "
-             f"one local step per round, as at whole series) and Centralized, test "
+             f"FedProx (mu 0.01; it equals FedAvg to the last digit where every site takes "
+             f"one local step per round) and Centralized, test "
              f"{METRIC_NAMES[args.metric]} difference (pp), mean [corrected 95 % CI] over "
              f"the cells:\n\n{render_baselines(baselines)}")
     ratios = sorted({f"{float(r['ratio']):.3f}" for r in rows})  # type: ignore[arg-type]

@@ -136,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=5,
                         help="rounds of the trailing mean (default 5; 1 = no smoothing)")
     bench = Benchmark(parser, argv)
+    if bench.args.metric != "balanced_accuracy":  # another score is another table
+        bench.set_variant(bench.args.metric)
     if bench.args.window < 1:
         parser.error(f"--window must be a positive integer, got {bench.args.window}")
     metric = f"val_{bench.args.metric}"
@@ -184,8 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"median: Kaplan-Meier. Best of the mean curve: "
              + ", ".join(f"{lb} {100 * v:.1f} %" for lb, v in best.items()) + ". "
              + reference_caption(bench, bench.args.metric, scored_on="val")
-             + " (mean [corrected 95 % CI], predicting at 0.5); a target at or below "
-             "their score needs no connectivity.\n\n" + markdown_table(header, body))
+             + (" (mean [corrected 95 % CI])" if bench.args.metric == "auc" else
+                " (mean [corrected 95 % CI], predicting at 0.5)")
+             + "; a target at or below their score needs no connectivity.\n\n"
+             + markdown_table(header, body))
 
     def plot(path: Path) -> Path:
         series = {lb: (list(range(1, c.size + 1)), list(100 * c), None)

@@ -280,7 +280,7 @@ def test_a_comparison_without_predictions_says_why_it_has_no_subject_tests() -> 
     for name in ("FedBN", "FedAvg"):
         comparison.add(Cell.from_rows(name, 0, 0, _rows()))
     comparison.add(Cell.from_rows("Majority class", 0, 0, _rows(), reference=True))
-    assert "No subject-level tests: these runs kept no test subject's" in comparison.report()
+    assert "No subject-level tests: no run kept its test subjects'" in comparison.report()
 
 
 def test_in_process_keeps_each_site_s_selected_layers_beside_the_shared_weights(

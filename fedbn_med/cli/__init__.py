@@ -130,7 +130,11 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
                                       **server_options(args))
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
-    cells = _Cells(specs) if compare_list(args) and args.engine == "inprocess" else None
+    cells = None
+    if compare_list(args) and args.engine == "inprocess":
+        # cell by cell, so that one cell's prepared sites are held at a time
+        local = sorted(local, key=lambda s: (s.fold, s.seed))
+        cells = _Cells(local)
     for spec in local:
         prepared, sites = cells.of(spec) if cells is not None else (None, None)
         by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
@@ -149,11 +153,12 @@ class _Cells:
     """
 
     def __init__(self, specs: list[RunSpec]) -> None:
-        self.task = specs[0].task
-        self.cache: dict[tuple[int, int], dict] = {}
+        self.task = specs[0].task if specs else ""
+        self.cell: tuple[tuple[int, int], dict] | None = None  # the one held
         self.sites: dict | None = None
 
     def of(self, spec: RunSpec) -> tuple[dict | None, dict | None]:
+        """Return the spec's cell's prepared sites and site files (None, None: not ABIDE)."""
         if self.task != "abide":
             return None, None
         from fedbn_med.evaluation.cell_data import prepare_sites
@@ -162,7 +167,7 @@ class _Cells:
         if self.sites is None:
             self.sites = load_sites(list(spec.sites))
         key = (spec.fold, spec.seed)
-        if key not in self.cache:
-            self.cache[key] = prepare_sites(spec, self.sites)
-        return self.cache[key], self.sites
+        if self.cell is None or self.cell[0] != key:  # the runs come cell by cell
+            self.cell = (key, prepare_sites(spec, self.sites))
+        return self.cell[1], self.sites
 

@@ -79,8 +79,9 @@ def _log_comparison(specs: list[RunSpec], comparison: Comparison, tracking_uri: 
         tracker.log_metrics(comparison.metrics())
         tracker.log_text(comparison.report() + "\n", "compare.md")
         tracker.log_text(csv_text(comparison.rows()), "cells.csv")
-        subjects = comparison.prediction_rows()  # in-process ABIDE runs only
-        if subjects:
+        # runs kept predictions in process only (the reference rows always have them)
+        if any(c.predictions for c in comparison.cells if not c.reference):
+            subjects = comparison.prediction_rows()
             tracker.log_text(csv_text(subjects), "predictions.csv")
             tracker.log_text(csv_text(comparison.cell_prediction_rows()),
                              "cell_predictions.csv")

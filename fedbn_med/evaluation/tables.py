@@ -105,8 +105,8 @@ def report(comparison: Comparison) -> str:
                          "the cells' site-mean score):\n\n"
                          + subjects)
         elif any(c.reference for c in comparison.cells):  # ABIDE: say why they are absent
-            parts.append("No subject-level tests: these runs kept no test subject's "
-                         "prediction (over Flower each prediction stays at its site). "
+            parts.append("No subject-level tests: no run kept its test subjects' "
+                         "predictions (over Flower they stay at each site). "
                          "`--compare --engine inprocess` keeps them on one machine, and "
                          "so do the benchmarks.")
     rounds = [c.best_round for c in comparison.cells if not c.reference]

@@ -46,7 +46,10 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         (``<site>.selected.safetensors``, as a site keeps them over Flower); with the
         shared weights logged as ``model/selected`` they make each site's selected
         model. They are never logged to MLflow: under FedBN they are the BN layers,
-        which do not leave a site.
+        which do not leave a site. A run that selects no round of shared weights
+        (SingleSet: each site's model is its own) writes none, and so does a strategy
+        whose sites keep no layer (FedAvg; ``fedavg_localbn`` re-estimates each site's
+        BN statistics on its training data when it scores).
 
     Returns
     -------
@@ -89,11 +92,11 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
 
             prepared = with_features(spec, prepared, sites)
             federation = build_federation(spec, {n: p.data for n, p in prepared.items()})
-            keeper = BestRoundKeeper(federation.trainers, prepared, task.selection)
+            keeper = keeping = BestRoundKeeper(federation.trainers, prepared, task.selection)
 
             def keep(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
                 on_round(rnd, metrics)
-                keeper(rnd, metrics)
+                keeping(rnd, metrics)
 
             history, kept = federation.run(on_round=keep), federation.kept
         result = history.result()
@@ -103,15 +106,23 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             tracker.log_shared_weights(history.global_weights, kept)
         if history.selected_weights and history.selected_round == result.selected_round:
             tracker.log_shared_weights(history.selected_weights, kept, "model/selected")
-        files = (_save_kept(history, workdir)
-                 if workdir is not None and history.selected_round == result.selected_round
-                 else [])
+        files: list[Path] = []
+        if workdir is not None:
+            for site in spec.sites:  # never leave an earlier run's file beside this one's
+                (workdir / f"{site}.selected.safetensors").unlink(missing_ok=True)
+            if history.selected_round == result.selected_round:
+                files = _save_kept(history, workdir, tracker.parent_id)
     out = {"strategy": history.strategy, "selected": result.selected,
            "selected_round": result.selected_round, "final": result.last,
            "last_round": result.last_round, "table": result.table, "rows": history.rows,
            "parent_run_id": tracker.parent_id}
     if workdir is not None:
         out["kept_files"] = files
+    if keeper is not None and keeper.best != result.selected_round:
+        logger.warning("%s fold %d seed %d: predictions were kept at round %d, the result's "
+                       "round is %d: they are left out.", spec.label, spec.fold, spec.seed,
+                       keeper.best, result.selected_round)
+        keeper = None
     if keeper is not None and prepared is not None:
         splits = [p.split for p in prepared.values()]
         out.update(predictions=keeper.predictions,
@@ -120,10 +131,11 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
     return out
 
 
-def _save_kept(history: History, workdir: Path) -> list[Path]:
+def _save_kept(history: History, workdir: Path, run_id: str | None) -> list[Path]:
     """Write each site's kept layers of the selected round; return the files."""
     from fedbn_med.checkpoint import save_tensors
 
-    meta = {"round": history.selected_round, "strategy": history.strategy}
+    meta = {"round": history.selected_round, "strategy": history.strategy,
+            "mlflow_run_id": run_id}
     return [save_tensors(workdir / f"{site}.selected.safetensors", kept, meta)
             for site, kept in history.selected_kept.items() if kept]
