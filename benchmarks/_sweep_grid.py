@@ -101,6 +101,12 @@ AXES: dict[str, tuple[Value, ...]] = {
         _v("features", "tangent space + per-site z", connectivity="tangent", windows=0,
            harmonize="site_z"),
     ),
+    # added on 2026-12-05, after outer-test comparisons of groups A and B with mean FD
+    # regressed out (real_compare --fd-regression) had been seen: the rule decides
+    "motion": (
+        _v("motion", "kept in the features", fd_regression=False),
+        _v("motion", "mean FD regressed out", fd_regression=True),
+    ),
     "model": (
         _v("model", "MLP 16-16 (paper)", model="mlp"),
         _v("model", "linear", model="linear"),

@@ -312,8 +312,10 @@ def test_quick_run_without_a_data_folder_sweeps_the_built_in_sites(
     (["--data-dir", "D", "--nested", "--axes", "optimiser,dropout"],
      "nested-optimiser-dropout"),
     (["--axes", "local epochs"], "local_epochs"),
-    (["--data-dir", "D", "--nested", "--axes", "model,features,stopping rule,local epochs,"
-                                             "dropout,weight decay,optimiser"], "nested"),
+    (["--data-dir", "D", "--nested", "--axes", "model,motion,features,stopping rule,"
+                                             "local epochs,dropout,weight decay,optimiser"],
+     "nested"),
+    (["--data-dir", "D", "--nested", "--axes", "motion"], "nested-motion"),
 ])
 def test_a_sweep_on_other_groups_is_published_beside_the_main_one(
         sweep: ModuleType, argv: list[str], variant: str | None) -> None:
