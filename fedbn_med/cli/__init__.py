@@ -25,7 +25,8 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import groupby
 from pathlib import Path
 
 from fedbn_med.cli.hosts import serve_mode, site_mode
@@ -130,13 +131,8 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
                                       **server_options(args))
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
-    cells = None
-    if compare_list(args) and args.engine == "inprocess":
-        # cell by cell, so that one cell's prepared sites are held at a time
-        local = sorted(local, key=lambda s: (s.fold, s.seed))
-        cells = _Cells(local)
-    for spec in local:
-        prepared, sites = cells.of(spec) if cells is not None else (None, None)
+    shared = bool(compare_list(args)) and args.engine == "inprocess"
+    for spec, prepared, sites in _with_cells(local, shared):
         by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
                                         progress=not args.quiet, prepared=prepared,
                                         sites=sites,
@@ -144,30 +140,28 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
     return [by_spec[id(s)] for s in specs]
 
 
-class _Cells:
-    """Each (fold, seed) cell's prepared ABIDE sites, shared by a comparison's methods.
+def _with_cells(specs: list[RunSpec], shared: bool
+                ) -> Iterator[tuple[RunSpec, dict | None, dict | None]]:
+    """Yield each spec with its (fold, seed) cell's prepared ABIDE sites and site files.
 
-    With them, every in-process method of a cell trains on the same subjects through its
-    own feature chain and keeps each test subject's prediction, for the subject-level
-    tests; other tasks have none (their runs prepare their own data).
+    ``shared`` (an in-process comparison of ABIDE): every method of a cell trains on the
+    same subjects through its own feature chain and keeps each test subject's
+    prediction, for the subject-level tests. The specs come cell by cell, so one cell's
+    sites are held at a time. Otherwise each run prepares its own data (None, None).
     """
+    if not (shared and specs and specs[0].task == "abide"):
+        yield from ((spec, None, None) for spec in specs)
+        return
+    from fedbn_med.evaluation.cell_data import prepare_sites
+    from fedbn_med.tasks.abide.sites import load_sites
 
-    def __init__(self, specs: list[RunSpec]) -> None:
-        self.task = specs[0].task if specs else ""
-        self.cell: tuple[tuple[int, int], dict] | None = None  # the one held
-        self.sites: dict | None = None
+    sites = load_sites(list(specs[0].sites))
 
-    def of(self, spec: RunSpec) -> tuple[dict | None, dict | None]:
-        """Return the spec's cell's prepared sites and site files (None, None: not ABIDE)."""
-        if self.task != "abide":
-            return None, None
-        from fedbn_med.evaluation.cell_data import prepare_sites
-        from fedbn_med.tasks.abide.sites import load_sites
+    def cell(spec: RunSpec) -> tuple[int, int]:
+        return spec.fold, spec.seed
 
-        if self.sites is None:
-            self.sites = load_sites(list(spec.sites))
-        key = (spec.fold, spec.seed)
-        if self.cell is None or self.cell[0] != key:  # the runs come cell by cell
-            self.cell = (key, prepare_sites(spec, self.sites))
-        return self.cell[1], self.sites
-
+    for _, group in groupby(sorted(specs, key=cell), key=cell):
+        runs = list(group)
+        prepared = prepare_sites(runs[0], sites)
+        for spec in runs:
+            yield spec, prepared, sites

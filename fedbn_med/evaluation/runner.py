@@ -25,8 +25,10 @@ from fedbn_med.tasks import Selection
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.training.inprocess import Federation
 
-__all__ = ["BestRoundKeeper", "compare", "run_cell", "run_comparison", "task_metrics"]
+__all__ = ["BestRoundKeeper", "compare", "keeping_federation", "run_cell", "run_comparison",
+           "subject_counts", "task_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,31 @@ class BestRoundKeeper:
                                                      threshold)
 
 
+def keeping_federation(spec: RunSpec, prepared: Mapping[str, PreparedSite],
+                       sites: Mapping[str, SiteConfig] | None = None
+                       ) -> tuple[Federation, BestRoundKeeper, Mapping[str, PreparedSite]]:
+    """Build ``spec``'s federation on a cell's prepared sites, with its predictions' keeper.
+
+    The sites' rows go through the spec's own feature chain (:func:`with_features`);
+    pass the keeper as the run's ``on_round``. Returns the federation, the keeper and the
+    sites as the spec's features made them.
+    """
+    from fedbn_med.tasks import get_task
+    from fedbn_med.training.inprocess import build_federation
+
+    prepared = with_features(spec, prepared, sites)
+    federation = build_federation(spec, {name: p.data for name, p in prepared.items()})
+    keeper = BestRoundKeeper(federation.trainers, prepared, get_task(spec.task).selection)
+    return federation, keeper, prepared
+
+
+def subject_counts(prepared: Mapping[str, PreparedSite]) -> tuple[int, int]:
+    """Return the subjects of every site outside and inside the test fold."""
+    splits = [p.split for p in prepared.values()]
+    return (sum(s.train.size + s.val.size for s in splits),
+            sum(s.test.size for s in splits))
+
+
 def run_cell(spec: RunSpec, label: str | None = None,
              prepared: Mapping[str, PreparedSite] | None = None,
              sites: Mapping[str, SiteConfig] | None = None) -> Cell:
@@ -118,16 +145,13 @@ def run_cell(spec: RunSpec, label: str | None = None,
     if prepared is None:
         federation = build_federation(spec)
     else:
-        prepared = with_features(spec, prepared, sites)
-        federation = build_federation(spec, {name: p.data for name, p in prepared.items()})
-        keeper = BestRoundKeeper(federation.trainers, prepared, task.selection)
+        federation, keeper, prepared = keeping_federation(spec, prepared, sites)
     history = federation.run(on_round=keeper)
-    splits = [p.split for p in (prepared or {}).values()]
+    n_train, n_test = subject_counts(prepared or {})
     cell = Cell.from_rows(
         label or spec.label, spec.fold, spec.seed, history.rows,
         predictions=keeper.predictions if keeper is not None else None,
-        n_train=sum(s.train.size + s.val.size for s in splits),
-        n_test=sum(s.test.size for s in splits),
+        n_train=n_train, n_test=n_test,
         metrics=task_metrics(spec.task), selection=task.selection)
     if keeper is not None and cell.best_round != keeper.best:  # no finite validation score
         logger.warning("%s fold %d seed %d: predictions kept at round %d, the rows' best "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedbn_med.fl.partition import select
 from fedbn_med.fl.release import bounded, bounded_fit
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import zero_controls
@@ -202,8 +203,8 @@ def run_in_process(
 
 def _kept_copy(trainer: SiteTrainer) -> dict[str, torch.Tensor]:
     """Return a CPU copy of the layers a site keeps home, as they are now."""
-    state = trainer.model.state_dict()
-    return {k: state[k].detach().to("cpu").clone() for k in trainer.kept if k in state}
+    return {k: v.detach().to("cpu").clone()
+            for k, v in select(trainer.model.state_dict(), trainer.kept).items()}
 
 
 @dataclass(frozen=True)

@@ -86,13 +86,10 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         if prepared is None:
             history, kept = run_spec(spec, on_round=on_round)
         else:
-            from fedbn_med.evaluation.cell_data import with_features
-            from fedbn_med.evaluation.runner import BestRoundKeeper
-            from fedbn_med.training.inprocess import build_federation
+            from fedbn_med.evaluation.runner import keeping_federation
 
-            prepared = with_features(spec, prepared, sites)
-            federation = build_federation(spec, {n: p.data for n, p in prepared.items()})
-            keeper = keeping = BestRoundKeeper(federation.trainers, prepared, task.selection)
+            federation, keeping, prepared = keeping_federation(spec, prepared, sites)
+            keeper = keeping
 
             def keep(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
                 on_round(rnd, metrics)
@@ -124,10 +121,10 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
                        keeper.best, result.selected_round)
         keeper = None
     if keeper is not None and prepared is not None:
-        splits = [p.split for p in prepared.values()]
-        out.update(predictions=keeper.predictions,
-                   n_train=sum(s.train.size + s.val.size for s in splits),
-                   n_test=sum(s.test.size for s in splits))
+        from fedbn_med.evaluation.runner import subject_counts
+
+        n_train, n_test = subject_counts(prepared)
+        out.update(predictions=keeper.predictions, n_train=n_train, n_test=n_test)
     return out
 
 
