@@ -30,8 +30,8 @@ def serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
     if args.tls_dir is not None:
         from fedbn_med.federation.launcher import TlsFiles
 
-        tls = TlsFiles(args.tls_dir / "ca.pem", args.tls_dir / "server.pem",
-                       args.tls_dir / "server.key")
+        tls_dir = args.tls_dir.expanduser().resolve()  # the SuperLink runs elsewhere
+        tls = TlsFiles(tls_dir / "ca.pem", tls_dir / "server.pem", tls_dir / "server.key")
         missing = [str(p) for p in (tls.ca_cert, tls.server_cert, tls.server_key)
                    if not p.is_file()]
         if missing:
@@ -47,22 +47,54 @@ def serve_mode(args: argparse.Namespace, spec: RunSpec, tracking_uri: str,
                               allow_join=args.allow_join, **server_options(args))
     options = FlowerOptions(settings, host=host, port=int(port), tls=tls,
                             node_auth=tls is not None, progress=not args.quiet)
+    print(f"Run folder: {workdir}", flush=True)
     result = serve(spec, options)
     print(result["table"])
+    print(serve_summary(spec, workdir, result))
     return 0
+
+
+def serve_summary(spec: RunSpec, workdir: Path, result: dict) -> str:
+    """Return what a server operator needs after a federation: where everything went."""
+    checkpoint = workdir / "server" / "global.safetensors"
+    uri = str(result.get("tracking_uri") or "")
+    lines = [f"\nRun folder:     {workdir}",
+             f"Global weights: {checkpoint}"]
+    if uri:
+        lines.append(f"MLflow:         {uri} (parent run {result.get('parent_run_id')})")
+        if uri.startswith("sqlite:"):
+            lines.append(f"  browse it:    mlflow ui --backend-store-uri {uri}")
+    others = ",".join(spec.sites)
+    task = "" if spec.task == "abide" else f" --task {spec.task}"
+    lines.append("Onboard a new site onto these weights (at that site, with its data):")
+    lines.append(f"  python pipelines/onboard_site.py{task} --site NEWSITE --sites {others} "
+                 f"--checkpoint {checkpoint} --data-dir DATA_DIR")
+    return "\n".join(lines)
 
 
 def site_mode(args: argparse.Namespace) -> int:
     """Run one hospital's site (``--site``) against the server at ``--superlink``; return 0."""
     from fedbn_med.federation.run import run_site
+    from fedbn_med.federation.site_console import SiteConsole
     from fedbn_med.paths import resolve_data_dir
 
     if not args.superlink:
         raise ValueError("--site needs --superlink HOST:PORT of the federation server.")
-    state_dir = args.state_dir or resolve_data_dir() / "site_state"
+    for option in ("root_certificates", "auth_key"):
+        path = getattr(args, option)
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"--{option.replace('_', '-')} {path}: no such file "
+                                    "(the consortium's key tool writes it; see the "
+                                    "deployment guide).")
+    # each site its own folder, so two sites on one machine never share state
+    state_dir = args.state_dir or resolve_data_dir() / "site_state" / args.site
+    data = args.data_dir or "its site file's data_dir, else the built-in data"
+    print(f"[{args.site}] data: {data}; private state: {state_dir}", flush=True)
     run_site(args.site, args.superlink, state_dir=state_dir, data_dir=args.data_dir,
              device=args.device or "auto", root_certificates=args.root_certificates,
              auth_key=args.auth_key, insecure=args.insecure,
              max_wait_time=args.wait_timeout or ServerSettings.wait_timeout,
-             share_private=args.share_private_layers)
+             share_private=args.share_private_layers,
+             console=SiteConsole(args.site, lambda line: print(line, flush=True)),
+             keep_serving=args.keep_serving)
     return 0

@@ -44,6 +44,12 @@ def _site_name(text: str) -> str:
     return text
 
 
+def _path(text: str) -> Path:
+    # Relative to where the command runs, made absolute at once: the SuperLink, the
+    # sites and the ServerApp are other processes, with working directories of their own.
+    return Path(text).expanduser().resolve()
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -98,7 +104,7 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--fold", type=int, default=None)
     p.add_argument("--sites", type=_sites, default=None,
                    help=f"comma-separated sites (default {','.join(d['sites'])})")
-    p.add_argument("--data-dir", type=Path, default=None,
+    p.add_argument("--data-dir", type=_path, default=None,
                    help="the data root (default: each site's file, else the built-in data)")
     p.add_argument("--device", default=None,
                    help="auto (each site's setting, else a local GPU), cpu, cuda:N")
@@ -127,7 +133,7 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
                         f"driver in this process (default {settings_module(task).ENGINE})")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow store (default: $MLFLOW_TRACKING_URI, else mlflow/ here)")
-    p.add_argument("--workdir", type=Path, default=None,
+    p.add_argument("--workdir", type=_path, default=None,
                    help="logs, checkpoints and results (default: <data dir>/runs/<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     hosp = p.add_argument_group("multi-host consortium")
@@ -138,7 +144,7 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     hosp.add_argument("--site", type=_site_name, default=None,
                       help="run only this hospital's site")
     hosp.add_argument("--superlink", default=None, help="with --site: the server's HOST:PORT")
-    hosp.add_argument("--state-dir", type=Path, default=None,
+    hosp.add_argument("--state-dir", type=_path, default=None,
                       help="with --site: where the site keeps its private state")
     hosp.add_argument("--min-sites", type=int, default=None,
                       help="rounds go on with at least this many sites' accepted updates "
@@ -152,17 +158,20 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     hosp.add_argument("--share-private-layers", action="store_true",
                       help="with --site: let this site's private (BN) layers leave it when "
                            "the run's strategy sends them (default: refuse such runs)")
+    hosp.add_argument("--keep-serving", action="store_true",
+                      help="with --site: after a federation ends, wait for the next one "
+                           "(default: the site exits 0 when its federation ends)")
     hosp.add_argument("--resume", action="store_true",
                       help="with --serve: continue from the last global checkpoint")
     hosp.add_argument("--allow-join", action="store_true",
                       help="with --serve: let new sites join the running federation")
-    hosp.add_argument("--root-certificates", type=Path, default=None,
+    hosp.add_argument("--root-certificates", type=_path, default=None,
                       help="with --site: the consortium CA certificate (TLS)")
-    hosp.add_argument("--auth-key", type=Path, default=None,
+    hosp.add_argument("--auth-key", type=_path, default=None,
                       help="with --site: this site's private key (node authentication)")
     hosp.add_argument("--insecure", action="store_true",
                       help="allow a connection without TLS to or from another host")
-    hosp.add_argument("--tls-dir", type=Path, default=None,
+    hosp.add_argument("--tls-dir", type=_path, default=None,
                       help="with --serve: the folder made by pipelines/consortium_keys.py "
                            "(TLS, and only the sites whose .pub is there may join)")
     return p

@@ -28,12 +28,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedbn_med.federation import _flwr_compat as flwr_compat
 from fedbn_med.federation.config import NodeSettings
 from fedbn_med.federation.events import Event, NodeFailed, NodeLost, NodeReady, emit, shorten
 from fedbn_med.federation.pacing import Pacer
+from fedbn_med.federation.site_console import SiteConsole
 from fedbn_med.spec import RUN_CONFIG_KEY
 from fedbn_med.tasks.site_toml import SitePolicy, site_policy
 
@@ -75,8 +76,10 @@ def run_node(
     max_poll: float = 0.25,
     reconnect_timeout: float = 600.0,
     report: Report | None = None,
+    console: SiteConsole | None = None,
+    until_done: bool = False,
 ) -> None:
-    """Serve the ClientApp for one site until the process is stopped.
+    """Serve the ClientApp for one site until the process is stopped (or the run ends).
 
     Parameters
     ----------
@@ -99,6 +102,11 @@ def run_node(
     report : callable, optional
         Called with :class:`~fedbn_med.federation.events.NodeReady` once connected and
         :class:`~fedbn_med.federation.events.NodeLost` when the server goes away.
+    console : SiteConsole, optional
+        Told when the site joins and what left it with each reply (hospital mode).
+    until_done : bool
+        Return once the site has answered a federation's final evaluation (hospital
+        mode); otherwise serve until stopped, federation after federation.
 
     Raises
     ------
@@ -124,16 +132,22 @@ def run_node(
         connected_once = True
         logger.info("Site %s connected to %s as node %s", site, superlink, node_id)
         report(NodeReady(site=site, node_id=node_id, pid=os.getpid()))
+        if console is not None:
+            console.joined(superlink, node_id)
         try:
-            _serve(session, node_id, client_app, node_config, poll, max_poll, policy)
+            _serve(session, node_id, client_app, node_config, poll, max_poll, policy,
+                   console, until_done)
         except httpx.HTTPError as err:
             # The server went away (crash, restart, network cut) or forgot this node: our
             # state is on disk and in memory; register again and carry on where the
             # federation is.
             logger.warning("Site %s lost the federation server (%s); reconnecting", site, err)
             report(NodeLost(site=site, reason=shorten(str(err)), pid=os.getpid()))
+            if console is not None:
+                console.lost(shorten(str(err)))
             _close_within(session, 5.0)
             time.sleep(1.0)
+            continue
         except BaseException:
             # Stopping: leave the federation politely, but never hang on a server that is
             # gone (nor on a transfer still running in a worker thread).
@@ -142,6 +156,11 @@ def run_node(
             watchdog.start()
             _close_within(session, 5.0)
             raise
+        # _serve returned: the federation's final evaluation was answered (until_done)
+        _close_within(session, 5.0)
+        if console is not None:
+            console.finished()
+        return
 
 
 def _open_session(superlink: str, site: str, insecure: bool, certs: bytes | None, keys,
@@ -193,7 +212,8 @@ def _close_quietly(session: flwr_compat.FleetSession) -> None:
 
 
 def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_config,
-           poll: float, max_poll: float, policy: SitePolicy) -> None:
+           poll: float, max_poll: float, policy: SitePolicy,
+           console: SiteConsole | None = None, until_done: bool = False) -> None:
     contexts: dict[int, Context] = {}
 
     def pull(run_id: int, tree: object) -> Message:
@@ -248,6 +268,10 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
             runtime = time.monotonic() - started
             session.push_reply(run_id, reply, runtime)
             pacer.start()
+            if console is not None:
+                console.answered(message, reply)
+            if until_done and message.metadata.message_type.startswith(MessageType.EVALUATE):
+                return  # the server evaluates once, after its last round
             logger.info("%s message: pulled in %.3f s, handled in %.3f s, replied in %.3f s "
                         "(%d empty polls before it)", message.metadata.message_type,
                         started - t_received, runtime, time.monotonic() - started - runtime,

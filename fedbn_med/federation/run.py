@@ -22,6 +22,7 @@ from fedbn_med.evaluation.report import progress_postfix
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
 from fedbn_med.federation.names import is_loopback
+from fedbn_med.federation.site_console import SiteConsole
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
@@ -203,8 +204,13 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
 def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | None = None,
              device: str = "auto", root_certificates: Path | None = None,
              auth_key: Path | None = None, insecure: bool = False,
-             max_wait_time: float = 60.0, share_private: bool = False) -> None:
+             max_wait_time: float = 60.0, share_private: bool = False,
+             console: SiteConsole | None = None, keep_serving: bool = False) -> None:
     """Serve one hospital's site against a federation server elsewhere (hospital mode).
+
+    The site returns once the federation's final evaluation is answered, unless
+    ``keep_serving`` (then it waits for the next federation until stopped); ``console``
+    is told what the site received and what left it.
 
     ``share_private`` (the site's command line) or ``share_private_layers = true`` in its
     site file lets its private layers leave it; by default a run whose strategy would
@@ -224,5 +230,5 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
                         share_private=share_private or share_private_layers(site))
     run_node(superlink, node, root_certificates=root_certificates,
              private_key=auth_key, insecure=root_certificates is None,
-             max_wait_time=max_wait_time)
+             max_wait_time=max_wait_time, console=console, until_done=not keep_serving)
 
