@@ -45,3 +45,16 @@ def test_only_registered_sites_that_trust_the_ca_get_in(small_cohort, tmp_path):
             run_site("NYU", address, state_dir=tmp_path / "nyu2",
                      root_certificates=other.ca_cert, auth_key=keys.site_keys["NYU"][0],
                      max_wait_time=2.0)
+
+
+def test_the_key_folder_ignores_itself_and_each_site_gets_only_its_bundle(tmp_path):
+    files = create_consortium(tmp_path / "keys", ["127.0.0.1"], ["NYU", "UM"])
+    assert (tmp_path / "keys" / ".gitignore").read_text().splitlines()[-1] == "*"
+    for site, (private, _) in files.site_keys.items():
+        bundle = files.bundles[site]
+        assert sorted(p.name for p in bundle.iterdir()) == sorted([f"{site}.key", "ca.pem"])
+        assert (bundle / f"{site}.key").read_bytes() == private.read_bytes()
+        assert (bundle / f"{site}.key").stat().st_mode & 0o777 == 0o600
+        assert private.stat().st_mode & 0o777 == 0o600
+        assert f"{bundle}/" in files.handout()
+    assert files.ca_key.stat().st_mode & 0o777 == 0o600

@@ -12,7 +12,8 @@ import ipaddress
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -37,13 +38,17 @@ class ConsortiumFiles:
     server_cert: Path
     server_key: Path
     site_keys: dict[str, tuple[Path, Path]]  # site -> (private key, public key)
+    #: site -> a folder holding only what that site needs (its key and ca.pem)
+    bundles: dict[str, Path] = field(default_factory=dict)
 
     def handout(self) -> str:
         """Return who gets which file, as a table to print."""
         rows = [("the server operator", f"{self.server_cert.name}, {self.server_key.name}, "
                  f"{self.ca_cert.name}, {SITE_KEYS} (which key is which site)"),
                 ("keep offline", self.ca_key.name)]
-        rows += [(f"site {site}", f"{priv.name} (secret), {self.ca_cert.name}")
+        rows += [(f"site {site}", f"{self.bundles[site]}/: {priv.name} (secret), "
+                  f"{self.ca_cert.name}" if site in self.bundles
+                  else f"{priv.name} (secret), {self.ca_cert.name}")
                  for site, (priv, _) in self.site_keys.items()]
         width = max(len(r[0]) for r in rows)
         return "\n".join(f"{who:<{width}}  {what}" for who, what in rows)
@@ -123,6 +128,8 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
     if existing:
         raise ValueError(f"{out} is not empty ({', '.join(sorted(existing)[:5])}); refusing to "
                          "overwrite a consortium's keys.")
+    # The folder holds private keys: never committed, whichever repository it lands in.
+    _write(out / ".gitignore", b"# a consortium's keys: never commit them\n*\n", False)
     now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_cert = (x509.CertificateBuilder().subject_name(_name("fedbn-med CA"))
@@ -173,4 +180,10 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         files.site_keys[site] = (private, public)
     listing = {site: pub.read_text().strip() for site, (_, pub) in files.site_keys.items()}
     _write(site_keys_path(out), (json.dumps(listing, indent=1) + "\n").encode(), False)
+    for site, (private, _) in files.site_keys.items():
+        bundle = out / "bundles" / site
+        bundle.mkdir(parents=True, mode=0o700)
+        _write(bundle / private.name, private.read_bytes(), True)
+        shutil.copyfile(files.ca_cert, bundle / files.ca_cert.name)
+        files.bundles[site] = bundle
     return files
