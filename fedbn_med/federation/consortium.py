@@ -11,8 +11,8 @@ import datetime as dt
 import ipaddress
 import json
 import os
-from collections.abc import Sequence
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
