@@ -22,19 +22,43 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
 import mlflow
 from fedbn_med.paths import repo_root
 
-__all__ = ["FederationTracker", "default_tracking_uri", "end_status", "tracked", "warm_up"]
+__all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
+           "end_status", "read_sites_per_round", "tracked", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
 _REPO = repo_root()
 _BATCH = 1000  # MLflow takes at most 1000 metrics per batch
+#: where the parent run's curves over rounds are (its headline is the selected round's)
+ROUND_PREFIX = "by_round/"
+#: MLflow 3's experiment tag that decides which view an experiment opens on
+EXPERIMENT_KIND = "mlflow.experimentKind"
+#: the parent run's table of which sites took part in each round
+SITES_PER_ROUND = "sites_per_round.csv"
+
+
+def read_sites_per_round(tracking_uri: str, run_id: str) -> dict[int, list[str]]:
+    """Return ``{round: sites}`` of a finished federation's parent run."""
+    text = _load_text(tracking_uri, run_id)
+    out: dict[int, list[str]] = {}
+    for line in text.splitlines()[1:]:
+        rnd, _, sites = line.partition(",")
+        out[int(rnd)] = sites.split()
+    return out
+
+
+def _load_text(tracking_uri: str, run_id: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = MlflowClient(tracking_uri=tracking_uri).download_artifacts(
+            run_id, SITES_PER_ROUND, tmp)
+        return Path(path).read_text()
 
 
 def default_tracking_uri() -> str:
@@ -119,6 +143,7 @@ class FederationTracker:
             self.parent_id = parent_run_id
             self._find_children()
         else:
+            run_name = _title(run_name, self.sites, params)
             run_tags = {"mlflow.runName": run_name, "code_version": _code_version(),
                         "numerics": _numerics(), "sites": ",".join(self.sites),
                         "kind": "federation", **(tags or {})}
@@ -135,6 +160,9 @@ class FederationTracker:
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
+            if EXPERIMENT_KIND not in found.tags:  # a store made before the kind was set
+                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND,
+                                               "custom_model_development")
             return found.experiment_id
         location = None
         if self.tracking_uri.startswith("sqlite:///"):
@@ -143,7 +171,9 @@ class FederationTracker:
             root = db.parent / "artifacts"
             root.mkdir(parents=True, exist_ok=True)
             location = root.as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
+        # MLflow 3 opens an experiment of no kind on its GenAI overview: ours are runs
+        return self.client.create_experiment(name, artifact_location=location,
+                                             tags={EXPERIMENT_KIND: "custom_model_development"})
 
     def _find_children(self) -> None:
         runs = self.client.search_runs(
@@ -183,7 +213,6 @@ class FederationTracker:
         dedupe, self.dedupe_next = self.dedupe_next, False
         per_run: dict[str, list[Metric]] = {}
         parent: list[Metric] = []
-        tags: list[RunTag] = []
         for i, (rnd, site_metrics) in enumerate(rounds):
             for site, metrics in site_metrics.items():
                 run_id = self.site_runs.get(site) or self.add_site(site, first_round=rnd)
@@ -193,15 +222,16 @@ class FederationTracker:
                         run_id, m.key) if h.step == rnd}
                     batch = [m for m in batch if m.key not in logged]
                 per_run.setdefault(run_id, []).extend(batch)
+            # the curves over rounds sit under by_round/: the parent's headline metrics
+            # (mean_*) are the selected round's, logged once the run ends (log_result)
             parent += [Metric("sites_participating", float(len(site_metrics)), ts, rnd),
-                       *_finite_metrics(_mean_metrics(site_metrics), rnd, ts)]
-            tags.append(RunTag(f"round_{rnd:04d}_sites", ",".join(sorted(site_metrics))))
+                       *_finite_metrics({f"{ROUND_PREFIX}{k}": v for k, v in
+                                         _mean_metrics(site_metrics).items()}, rnd, ts)]
         for run_id, batch in per_run.items():
             for start in range(0, len(batch), _BATCH):
                 self.client.log_batch(run_id, metrics=batch[start:start + _BATCH])
         for start in range(0, max(len(parent), 1), _BATCH):
-            self.client.log_batch(self.parent_id, metrics=parent[start:start + _BATCH],
-                                  tags=tags if start == 0 else [])
+            self.client.log_batch(self.parent_id, metrics=parent[start:start + _BATCH])
 
     def log_missing_rounds(self, rows: Iterable[Mapping[str, object]]) -> list[int]:
         """Log the rounds of ``rows`` that the store lacks (after a crash); return them.
@@ -228,6 +258,30 @@ class FederationTracker:
         batch = _finite_metrics(metrics, 0, int(time.time() * 1000))
         for start in range(0, len(batch), _BATCH):
             self.client.log_batch(self.parent_id, metrics=batch[start:start + _BATCH])
+
+    def log_result(self, rows: Sequence[Mapping[str, object]], selected_round: int,
+                   last_round: int) -> None:
+        """Log a finished run's headline on the parent run, as the console prints it.
+
+        ``mean_<metric>`` are the site means at ``selected_round`` (the run's result, the
+        console table's mean row); ``last_round.mean_<metric>`` the same at the last round;
+        ``sites_per_round.csv`` says which sites took part in each round.
+        """
+        def means(rnd: int) -> dict[str, float]:
+            at = {str(r["site"]): {k: float(v) for k, v in r.items()  # type: ignore[arg-type]
+                                   if k not in ("round", "site")}
+                  for r in rows if int(r["round"]) == rnd}  # type: ignore[call-overload]
+            return _mean_metrics(at)
+
+        self.log_metrics({"selected_round": selected_round, "last_round": last_round,
+                          **means(selected_round),
+                          **{f"last_round.{k}": v for k, v in means(last_round).items()}})
+        by_round: dict[int, set[str]] = {}
+        for row in rows:
+            by_round.setdefault(int(row["round"]), set()).add(str(row["site"]))  # type: ignore[call-overload]
+        self.log_text("round,sites\n" + "".join(f"{rnd},{' '.join(sorted(sites))}\n"
+                                                for rnd, sites in sorted(by_round.items())),
+                      SITES_PER_ROUND)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Store a text artifact (a results table) on the parent run."""
@@ -310,8 +364,20 @@ def tracked(
     tracker.finish()
 
 
+def _title(label: str, sites: Sequence[str], params: Mapping[str, object]) -> str:
+    """Name a federation's run by what ran: ``fedbn · NYU,UM · flower · 2026-12-06 04:05``."""
+    engine = params.get("engine")
+    if not sites or engine is None:
+        return label
+    where = ",".join(sites) if len(sites) <= 4 else f"{len(sites)} sites"
+    if params.get("federation_id") == "serve":
+        engine = "hospital mode"
+    return f"{label} · {where} · {engine} · {time.strftime('%Y-%m-%d %H:%M')}"
+
+
 def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    keys = ("test_accuracy", "test_auc", "test_dice", "train_loss")
+    keys = ("test_accuracy", "test_balanced_accuracy", "test_auc", "test_f1", "test_dice",
+            "val_loss", "train_loss")
     out = {}
     for key in keys:
         vals = [float(m[key]) for m in site_metrics.values()

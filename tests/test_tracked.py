@@ -100,7 +100,10 @@ def test_the_tracked_in_process_run_fails_its_runs_on_error(store, monkeypatch, 
     from fedbn_med.tasks import get_task
 
     statuses = _statuses(store, get_task("abide").experiment)
-    assert statuses == {spec.label: "FAILED", "site-UCLA": "FAILED"}
+    parent = next(name for name in statuses if not name.startswith("site-"))
+    # the run's name says what ran: strategy, sites, engine, time
+    assert parent.startswith(f"{spec.label} · UCLA · inprocess · 20")
+    assert statuses == {parent: "FAILED", "site-UCLA": "FAILED"}
 
 
 def test_an_onboarding_log_finishes_or_fails_its_runs(store, monkeypatch):

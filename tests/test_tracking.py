@@ -4,7 +4,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedbn_med.tracking import FederationTracker
+from fedbn_med.tracking import FederationTracker, read_sites_per_round
 
 
 @pytest.fixture()
@@ -18,6 +18,10 @@ def test_parent_and_site_runs_with_metrics_per_round(store, tmp_path):
     for rnd in (1, 2):
         tracker.log_round(rnd, {"NYU": {"test_accuracy": 0.5 + rnd / 10, "num_examples": 100},
                                 "UM": {"test_accuracy": 0.6, "num_examples": 50}})
+    tracker.log_result([{"round": rnd, "site": site, "test_accuracy": acc}
+                        for rnd, site, acc in ((1, "NYU", 0.6), (1, "UM", 0.6),
+                                               (2, "NYU", 0.7), (2, "UM", 0.6))],
+                       selected_round=1, last_round=2)
     tracker.log_text("| site |\n", "results.md")
     tracker.log_shared_weights({"w": torch.ones(2)}, private_keys={"bn.weight"})
     with pytest.raises(ValueError, match="Refusing to log site-private"):
@@ -35,7 +39,17 @@ def test_parent_and_site_runs_with_metrics_per_round(store, tmp_path):
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in sites.values())
     hist = client.get_metric_history(sites["NYU"].info.run_id, "test_accuracy")
     assert [(m.step, round(m.value, 6)) for m in hist] == [(1, 0.6), (2, 0.7)]
-    assert parent.data.tags["round_0002_sites"] == "NYU,UM"
+    assert read_sites_per_round(store, parent.info.run_id) == {1: ["NYU", "UM"],
+                                                                2: ["NYU", "UM"]}
+    # the headline is the selected round's (round 1), the last round's named as such
+    assert parent.data.metrics["mean_test_accuracy"] == pytest.approx(0.6)
+    assert parent.data.metrics["last_round.mean_test_accuracy"] == pytest.approx(0.65)
+    assert parent.data.metrics["selected_round"] == 1
+    assert not any(t.startswith("round_") for t in parent.data.tags)
+    curve = client.get_metric_history(parent.info.run_id, "by_round/mean_test_accuracy")
+    assert [(m.step, round(m.value, 6)) for m in curve] == [(1, 0.6), (2, 0.65)]
+    assert client.get_experiment_by_name("exp").tags["mlflow.experimentKind"] == \
+        "custom_model_development"
     # which floating-point code path made the numbers (fedbn_med.numerics)
     from fedbn_med.numerics import describe
 

@@ -27,8 +27,9 @@ def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str,
         print(f"\nMLflow: the comparison is run {run_id}, each strategy's runs beside it")
     else:
         spec = specs[0]
-        print(f"\n{results[0]['strategy']} after {spec.rounds} rounds (test split, fold "
-              f"{spec.fold}), % per site:\n")
+        print(f"\n{results[0]['strategy']}: round {results[0]['selected_round']} of "
+              f"{spec.rounds}, selected on validation (test split of fold {spec.fold}), "
+              "% per site:\n")
         print(results[0]["table"])
         kept = results[0].get("kept_files")
         if kept:  # in process: each site's private layers of the selected round

@@ -98,7 +98,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             history, kept = federation.run(on_round=keep), federation.kept
         result = history.result()
         tracker.log_text(result.table + "\n", "results.md")
-        tracker.log_metrics({"selected_round": result.selected_round})
+        tracker.log_result(history.rows, result.selected_round, result.last_round)
         if history.global_weights:
             tracker.log_shared_weights(history.global_weights, kept)
         if history.selected_weights and history.selected_round == result.selected_round:

@@ -258,7 +258,7 @@ class RunRecorder:
                           json.dumps(results, default=float, indent=1))
         tracker.log_text(table + "\n", "results.md")
         if result is not None:
-            tracker.log_metrics({"selected_round": result.selected_round})
+            tracker.log_result(self.rows, result.selected_round, result.last_round)
         plot = convergence_plot({strategy: self.rows},  # type: ignore[dict-item]
                                 self.workdir / "convergence.png",
                                 title=f"{strategy}, {len(final)} sites")
