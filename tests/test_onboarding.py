@@ -285,3 +285,41 @@ def test_pipeline_runs_end_to_end(tmp_path, small_cohort, store):
         [MlflowClient(tracking_uri=store).get_experiment_by_name("abide-onboarding")
          .experiment_id], filter_string="tags.site = 'UCLA'")
     assert len(runs) == 1 and "fedbn_local_bn_finetune_test_auc" in runs[0].data.metrics
+
+
+def test_the_table_letters_every_row_in_order_and_flags_a_one_class_model():
+    from fedbn_med.onboarding import OnboardingResult
+
+    def scores(acc: float, positive: float) -> dict[str, float]:
+        return {"test_accuracy": acc, "test_auc": 0.6, "test_positive_rate": positive}
+
+    result = OnboardingResult("NEW", metrics={
+        "fedbn_local_bn_reset": scores(0.5, 0.4), "fedbn_local_bn": scores(0.6, 0.5),
+        "fedbn_local_bn_finetune": scores(0.62, 0.45), "fedavg_as_is": scores(0.55, 1.0),
+        "local_few_shot": scores(0.4, 0.3)},
+        labels={"fedavg_as_is": "FedAvg global model as is",
+                "fedbn_local_bn": "FedBN + local BN stats",
+                "fedbn_local_bn_finetune": "FedBN + BN fine-tune",
+                "fedbn_local_bn_reset": "FedBN reset", "local_few_shot": "local only"})
+    rows = [line.split(" | ")[0].lstrip("| ") for line in result.table().splitlines()[2:7]]
+    assert rows == ["(a) FedAvg global model as is", "(b) FedBN + local BN stats",
+                    "(c) FedBN + BN fine-tune", "(d) FedBN reset", "(g) local only"]
+    assert "| predicted positive |" in result.table().splitlines()[0]
+    assert result.one_class() == ["fedavg_as_is"]
+    assert "Warning: predicts one class only at this site: (a)" in result.table()
+
+
+def test_onboarding_refuses_to_mix_built_in_and_real_sites(tmp_path, monkeypatch):
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    for name, data in (("OLDA", ""), ("OLDB", str(tmp_path))):
+        (sites / f"{name}.toml").write_text(f'name = "{name}"\nabide_site_ids = ["{name}"]\n'
+                                            f'data_dir = "{data}"\n')
+    monkeypatch.setenv("FEDBN_MED_SITES", str(sites))
+    config = RunSpec.for_task("abide", sites=("OLDA", "OLDB"), rounds=1)
+    with pytest.raises(ValueError, match=r"mix built-in .*built-in NEW, OLDA; real OLDB"):
+        onboard_new_site("NEW", config, log=False)
+    # with --data-dir, every site reads it: nothing is mixed (it fails later, on the data)
+    from fedbn_med.onboarding.new_site import check_one_kind_of_data
+
+    check_one_kind_of_data("abide", {"NEW": tmp_path, "OLDA": tmp_path, "OLDB": tmp_path})

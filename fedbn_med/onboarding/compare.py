@@ -122,10 +122,38 @@ class OnboardingResult:
         """Return ``{"<method>_<metric>": value}`` for logging."""
         return {f"{m}_{k}": v for m, vals in self.metrics.items() for k, v in vals.items()}
 
+    def ordered(self) -> list[str]:
+        """Return the methods in table order: (a) FedAvg as is, (b) and (c) FedBN, the rest."""
+        first = [m for m in _ORDER if m in self.metrics]
+        return first + [m for m in self.metrics if m not in first]
+
+    def one_class(self) -> list[str]:
+        """Return the methods whose model predicts one class only at this site's test split."""
+        return [m for m, v in self.metrics.items()
+                if v.get("test_positive_rate") in (0.0, 1.0)]
+
     def table(self, columns: Sequence[str] | None = None) -> str:
-        """Return the comparison as a markdown table (rates in %; default: :attr:`columns`)."""
-        return method_table({m: [v] for m, v in self.metrics.items()}, self.labels,
-                            self.columns if columns is None else columns)
+        """Return the comparison as a markdown table (rates in %; default: :attr:`columns`).
+
+        Rows in a fixed order, each lettered; where the site's scores have it, the share
+        of test cases predicted positive, and a flag on a model that predicts one class
+        only (its accuracy is then that class's share of the test split).
+        """
+        columns = tuple(self.columns if columns is None else columns)
+        if any("test_positive_rate" in v for v in self.metrics.values()):
+            columns = (*columns, "test_positive_rate")
+        order = self.ordered()
+        others = [m for m in order if m not in _ORDER]
+        letter = {m: chr(ord("a") + i) for i, m in enumerate([*_ORDER, *others])}
+        labels = {m: f"({letter[m]}) {self.labels.get(m, m)}" for m in order}
+        table = method_table({m: [self.metrics[m]] for m in order}, labels, columns)
+        table = table.replace("| positive_rate |", "| predicted positive |", 1)
+        flagged = self.one_class()
+        if flagged:
+            table += "\n\nWarning: predicts one class only at this site: " + ", ".join(
+                labels[m].split(")")[0] + ")" for m in flagged if m in labels) + \
+                " (its accuracy is that class's share of the test split)."
+        return table
 
 
 def _name(strategy: str | None, full: bool) -> str:
@@ -134,15 +162,20 @@ def _name(strategy: str | None, full: bool) -> str:
     return "fedavg" if full else "fedbn"
 
 
+#: An onboarding table's rows, each with its letter whichever are present: (a) FedAvg's
+#: global model as is, (b) FedBN's shared layers with the site's own BN statistics, (c)
+#: the same, BN fine-tuned, then the variants and the local few-shot reference.
+_ORDER = ("fedavg_as_is", "fedbn_local_bn", "fedbn_local_bn_finetune", "fedbn_local_bn_reset",
+          "fedavg_local_bn", "fedavg_local_bn_finetune", "local_few_shot")
+
+
 def _labels(name: str, shots: str, affine: str) -> dict[str, str]:
     pretty = {"fedavg": "FedAvg", "fedbn": "FedBN"}.get(name, name)
-    tag = {"fedavg": ("(a) ", "", ""), "fedbn": ("", "(b) ", "(c) ")}.get(name, ("", "", ""))
     return {
-        f"{name}_as_is": f"{tag[0]}{pretty} global model as is",
+        f"{name}_as_is": f"{pretty} global model as is",
         f"{name}_local_bn_reset": f"{pretty} + local BN stats, scale/shift reset",
-        f"{name}_local_bn": f"{tag[1]}{pretty} + local BN stats, {affine} scale/shift",
-        f"{name}_local_bn_finetune": f"{tag[2]}{pretty} + local BN stats + BN fine-tune "
-                                     f"({shots})",
+        f"{name}_local_bn": f"{pretty} + local BN stats, {affine} scale/shift",
+        f"{name}_local_bn_finetune": f"{pretty} + local BN stats + BN fine-tune ({shots})",
     }
 
 

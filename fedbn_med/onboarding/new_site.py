@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -35,6 +36,11 @@ from fedbn_med.onboarding.weights import (
 from fedbn_med.tasks import Task, get_task
 from fedbn_med.training.trainer import SiteTrainer, resolve_device
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
 
@@ -50,6 +56,37 @@ class NamedSite(Protocol):
     def name(self) -> str:
         """Return the site's name (its file in ``sites/``)."""
         ...
+
+
+def check_one_kind_of_data(task: str, given: Mapping[str, str | Path | None]) -> None:
+    """Refuse onboarding that would mix built-in (generated) sites with real ones.
+
+    ``given`` maps each site to the data root given for it (None: its site file decides).
+    A site reads real data when a root is given or its file names one (``data_dir``,
+    ``datalist``, ``scans``); else it reads the built-in data. Weights learnt on generated
+    data say nothing about a real site, so a mix is refused, naming both groups.
+    """
+    from fedbn_med.tasks.site_toml import sites_dir
+
+    real: dict[str, str] = {}
+    for site, root in given.items():
+        if root is not None:
+            real[site] = str(root)
+            continue
+        for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
+            if path.is_file():
+                raw = tomllib.loads(path.read_text(encoding="utf-8"))
+                named = [str(raw[k]) for k in ("data_dir", "datalist", "scans") if raw.get(k)]
+                if named:
+                    real[site] = f"{named[0]} (its site file {path})"
+                break
+    built_in = [s for s in given if s not in real]
+    if real and built_in:
+        raise ValueError(
+            "Onboarding would mix built-in (generated) data and real data: built-in "
+            f"{', '.join(built_in)}; real " + "; ".join(f"{s}: {d}" for s, d in real.items())
+            + ". Give --data-dir (it applies to every site), or set data_dir in each site's "
+            "file.")
 
 
 def table_columns(task: Task) -> tuple[str, ...]:
@@ -130,6 +167,11 @@ def onboard_new_site(
     """
     name = site if isinstance(site, str) else site.name
     own_dir = data_dir if data_dir is not None else getattr(site, "data_dir", None)
+    if data_dir is not None:  # the data root of every site: the new one and the training ones
+        config = config.replace(data_dir=Path(data_dir))
+    if federation is None:
+        check_one_kind_of_data(config.task, {name: own_dir, **{
+            s: config.data_dir for s in config.sites}})
     if name in config.sites and federation is None:
         raise ValueError(
             f"Site '{name}' is one of the training sites ({', '.join(config.sites)}); "
