@@ -30,7 +30,7 @@ import mlflow
 from fedbn_med.paths import repo_root
 
 __all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
-           "end_status", "read_sites_per_round", "tracked", "warm_up"]
+           "end_status", "read_sites_per_round", "runs_page", "tracked", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,27 @@ def default_tracking_uri() -> str:
     store = _REPO / "mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
+    """Return how to see a run's experiment in MLflow's web UI, opened on its runs.
+
+    MLflow 3.17 opens every experiment on its GenAI view unless the address asks for
+    the training workflow (``workflowType=machine_learning``); it then shows the runs
+    list, and the browser remembers the choice. A sqlite store needs ``mlflow ui``
+    started first; a server's address is the UI itself.
+    """
+    experiment = "0"
+    if run_id:
+        try:
+            experiment = MlflowClient(tracking_uri=tracking_uri).get_run(run_id).info.experiment_id
+        except Exception:  # noqa: BLE001 - a hint only: the store's own error is not ours to raise
+            pass
+    path = f"/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri.rstrip('/')}{path}"
+    return (f"mlflow ui --port {port} --backend-store-uri {tracking_uri}\n"
+            f"  then open http://127.0.0.1:{port}{path}")
 
 
 def warm_up(tracking_uri: str | None = None) -> None:
@@ -383,7 +404,7 @@ def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, 
         vals = [float(m[key]) for m in site_metrics.values()
                 if key in m and not math.isnan(float(m[key]))]
         if vals:
-            out[f"mean_{key}"] = sum(vals) / len(vals)
+            out[f"mean_{key}"] = round(sum(vals) / len(vals), 6)  # no float noise shown
     return out
 
 

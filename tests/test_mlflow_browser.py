@@ -98,25 +98,33 @@ def _cli_has(option: str) -> bool:
     return option in build_parser().format_help()
 
 
-def _log_run(store: Path, data_dir: Path, workdir: Path, *options: str) -> None:
-    """Run the real CLI (in-process engine, two rounds) into the sqlite ``store``."""
+def _log_run(store: Path, data_dir: Path, workdir: Path, *options: str) -> str:
+    """Run the real CLI (in-process engine, two rounds) into the sqlite ``store``; return
+    what it printed."""
     env = {**os.environ, "FEDBN_MED_DATA": str(workdir / "data"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(PIPELINE), "--engine", "inprocess", "--rounds", str(ROUNDS),
            "--tracking-uri", sqlite_store(store), "--data-dir", str(data_dir),
            "--workdir", str(workdir / "work"), "--quiet", *options]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
 
 
-def _open_runs_table(page: Any, base: str) -> None:
-    """Go from the experiment list to the experiment's runs table, as a user would."""
+def _printed_page(printed: str, base: str) -> str:
+    """Return the MLflow address the CLI printed, on the test's server."""
+    found = re.search(r"then open http://127\.0\.0\.1:\d+(/#/experiments/\S+)", printed)
+    assert found, f"the CLI printed no MLflow address:\n{printed[-1500:]}"
+    return base + found.group(1)
+
+
+def _open_runs_table(page: Any, base: str, printed: str) -> None:
+    """Open the address the CLI printed, as a user would: it shows the runs at once."""
     from playwright.sync_api import expect
 
-    page.goto(f"{base}/#/experiments")
-    # MLflow 3 opens in its GenAI layout; training runs live under "Model training".
-    page.get_by_text("Model training", exact=True).click()
-    page.get_by_role("link", name=EXPERIMENT, exact=True).click()
+    page.goto(_printed_page(printed, base))
     expect(page.get_by_role("heading", name="Runs", exact=True)).to_be_visible()
+    expect(page.get_by_text("Traces", exact=True).first).to_be_visible()  # the side bar
+    expect(page.get_by_text("Detect Issues")).to_have_count(0)  # not the GenAI overview
 
 
 def _run_row(page: Any, run_name: str) -> Any:
@@ -124,9 +132,14 @@ def _run_row(page: Any, run_name: str) -> Any:
     from playwright.sync_api import expect
 
     row = page.get_by_role("row").filter(
-        has=page.get_by_role("link", name=run_name, exact=True))
+        has=page.get_by_role("link", name=_named(run_name)))
     expect(row).to_have_count(1)
     return row
+
+
+def _named(label: str) -> re.Pattern[str]:
+    """Match a federation run's name: ``fedbn · NYU,UM,USM,UCLA · inprocess · <time>``."""
+    return re.compile(rf"^{re.escape(label)} · ")
 
 
 def _table_row(page: Any, header: str) -> list[str]:
@@ -143,9 +156,9 @@ def test_parent_site_runs_and_round_chart_are_browsable(page, small_cohort, tmp_
     from playwright.sync_api import expect
 
     store = tmp_path / "mlflow.db"
-    _log_run(store, small_cohort, tmp_path)
+    printed = _log_run(store, small_cohort, tmp_path)
     with mlflow_server(store, tmp_path / "artifacts") as base:
-        _open_runs_table(page, base)
+        _open_runs_table(page, base, printed)
         parent = _run_row(page, "fedbn")
         site_links = page.get_by_role("link", name=re.compile(r"^site-"))
         expect(site_links).to_have_count(0)  # folded under their parent until expanded
@@ -156,7 +169,7 @@ def test_parent_site_runs_and_round_chart_are_browsable(page, small_cohort, tmp_
 
         page.get_by_role("link", name="site-NYU", exact=True).click()
         expect(page.get_by_role("heading", name="site-NYU", exact=True)).to_be_visible()
-        expect(page.get_by_role("link", name="fedbn", exact=True)).to_be_visible()  # parent run
+        expect(page.get_by_role("link", name=_named("fedbn"))).to_be_visible()  # parent run
         page.get_by_role("tab", name="Model metrics").click()
         card = page.get_by_test_id("experiment-view-compare-runs-card").filter(
             has=page.get_by_role("heading", name="test_accuracy", exact=True))
@@ -166,6 +179,17 @@ def test_parent_site_runs_and_round_chart_are_browsable(page, small_cohort, tmp_
         expect(card.get_by_text("site-NYU (test_accuracy)")).to_be_visible()
         expect(card.locator(".scatterlayer .point")).to_have_count(ROUNDS)  # one per round
 
+        # The parent run's headline is the console's: the selected round's site mean.
+        console_mean = next(line for line in printed.splitlines() if line.startswith("| mean |"))
+        accuracy = float(console_mean.split("|")[3].split()[0])  # "54.2" or "54.2 [..]"
+        page.goto(_printed_page(printed, base))
+        page.get_by_role("link", name=_named("fedbn")).click()
+        headline = page.get_by_role("row").filter(
+            has=page.get_by_text("mean_test_accuracy", exact=True))
+        expect(headline).to_have_count(1)
+        shown = float(headline.inner_text().split()[-1])
+        assert round(100 * shown, 1) == accuracy, (shown, console_mean)
+
 
 def test_compare_view_shows_strategies_side_by_side(page, small_cohort, tmp_path):
     from playwright.sync_api import expect
@@ -174,9 +198,9 @@ def test_compare_view_shows_strategies_side_by_side(page, small_cohort, tmp_path
     options = ["--compare", "fedavg,fedbn", "--folds", "1"]
     if _cli_has("--seeds"):
         options += ["--seeds", "1"]
-    _log_run(store, small_cohort, tmp_path, *options)
+    printed = _log_run(store, small_cohort, tmp_path, *options)
     with mlflow_server(store, tmp_path / "artifacts") as base:
-        _open_runs_table(page, base)
+        _open_runs_table(page, base, printed)
         for name in ("fedavg", "fedbn"):
             _run_row(page, name).get_by_role(
                 "checkbox", name=re.compile("row selection")).check()
@@ -184,11 +208,11 @@ def test_compare_view_shows_strategies_side_by_side(page, small_cohort, tmp_path
         expect(page.get_by_role("heading", name=re.compile(r"Comparing 2 Runs"))).to_be_visible()
 
         names = _table_row(page, "Run Name:")
-        assert sorted(names) == ["fedavg", "fedbn"]
+        assert sorted(name.split(" · ")[0] for name in names) == ["fedavg", "fedbn"]
         # The same columns, in the same order, hold each run's strategy parameter.
-        assert _table_row(page, "strategy") == names
+        assert _table_row(page, "strategy") == [name.split(" · ")[0] for name in names]
         assert _table_row(page, "rounds") == [str(ROUNDS)] * 2
 
         page.get_by_role("switch", name="Parameters - Show diff only").click()
         expect(page.get_by_role("rowheader", name="rounds", exact=True)).to_have_count(0)
-        assert _table_row(page, "strategy") == names
+        assert _table_row(page, "strategy") == [name.split(" · ")[0] for name in names]

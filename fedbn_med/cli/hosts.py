@@ -61,9 +61,10 @@ def serve_summary(spec: RunSpec, workdir: Path, result: dict) -> str:
     lines = [f"\nRun folder:     {workdir}",
              f"Global weights: {checkpoint}"]
     if uri:
+        from fedbn_med.tracking import runs_page
+
         lines.append(f"MLflow:         {uri} (parent run {result.get('parent_run_id')})")
-        if uri.startswith("sqlite:"):
-            lines.append(f"  browse it:    mlflow ui --backend-store-uri {uri}")
+        lines.append("  " + runs_page(uri, result.get("parent_run_id")))
     others = ",".join(spec.sites)
     task = "" if spec.task == "abide" else f" --task {spec.task}"
     lines.append("Onboard a new site onto these weights (at that site, with its data):")

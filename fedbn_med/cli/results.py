@@ -36,7 +36,11 @@ def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str,
             print(f"\nEach site's kept layers of the selected round (with the shared weights "
                   f"of model/selected, its selected model; never logged to MLflow): "
                   f"{kept[0].parent}/<site>.selected.safetensors")
-    print(f"\nwall time {seconds:.1f} s; MLflow: mlflow ui --backend-store-uri {tracking_uri}")
+    from fedbn_med.tracking import runs_page
+
+    parent = results[-1].get("parent_run_id") if results else None
+    print(f"\nwall time {seconds:.1f} s. See the runs in MLflow:\n  "
+          f"{runs_page(tracking_uri, parent)}")
 
 
 def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
