@@ -37,12 +37,15 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["PUBLISHED_DIR", "README", "blocks", "check_file_names", "describe_data", "publish",
-           "publish_key", "render_block", "rewrite_readme", "subject_level_table"]
+__all__ = ["PUBLISHED_DIR", "README", "RESULTS_DIR", "blocks", "check_file_names",
+           "describe_data", "pages_text", "publish", "publish_key", "render_block",
+           "result_pages", "rewrite_readme", "subject_level_table"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED_DIR = ROOT / "benchmarks" / "published"
 README = ROOT / "README.md"
+#: The docs' results pages: every block outside the README's one headline table is here.
+RESULTS_DIR = ROOT / "docs"
 _KEY = re.compile(r"^[a-z][a-z0-9_]*(-[A-Za-z0-9_,+-]+)?$")
 _FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")  # matched whole (fullmatch)
 _OWN = ("report.md", "table.csv", "meta.json")
@@ -275,8 +278,29 @@ def blocks(text: str) -> dict[str, str]:
     return {m["key"]: m["body"] for m in _BLOCK.finditer(text)}
 
 
-def rewrite_readme(key: str | None = None, readme: Path = README) -> bool:
-    """Re-render one block (or every block) of the README; return whether any was found."""
+def result_pages() -> list[Path]:
+    """Return the files that hold results blocks: the README and the docs' pages."""
+    docs = sorted(RESULTS_DIR.rglob("*.md")) if RESULTS_DIR.is_dir() else []
+    return [README, *docs]
+
+
+def pages_text() -> str:
+    """Return the text of every results page, one after another (for the checks)."""
+    return "\n".join(page.read_text(encoding="utf-8") for page in result_pages())
+
+
+def rewrite_readme(key: str | None = None, readme: Path | None = None) -> bool:
+    """Re-render one block (or every block) of the results pages (or of ``readme`` only).
+
+    Return whether any was found.
+    """
+    found = False
+    for page in [readme] if readme is not None else result_pages():
+        found = _rewrite_page(page, key) or found
+    return found
+
+
+def _rewrite_page(readme: Path, key: str | None) -> bool:
     text = readme.read_text(encoding="utf-8")
     found = False
 

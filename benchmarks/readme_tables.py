@@ -1,7 +1,8 @@
-"""Check or rewrite the README's results tables from ``benchmarks/published/``.
+"""Check or rewrite the results tables of README.md and docs/ from ``benchmarks/published/``.
 
-Every block ``<!-- results:KEY -->`` ... ``<!-- /results:KEY -->`` of README.md is
-rendered from ``benchmarks/published/KEY/`` (written by a benchmark's ``--publish``).
+Every block ``<!-- results:KEY -->`` ... ``<!-- /results:KEY -->`` of README.md and of the
+docs' pages is rendered from ``benchmarks/published/KEY/`` (written by a benchmark's
+``--publish``).
 
     python benchmarks/readme_tables.py --check    # exit 1, listing every stale block
     python benchmarks/readme_tables.py --write    # re-render every block
@@ -17,11 +18,11 @@ from collections.abc import Sequence
 
 from _published import (
     PUBLISHED_DIR,
-    README,
     blocks,
     check_comparison,
     check_hashes,
     load_meta,
+    pages_text,
     render_block,
     rewrite_readme,
 )
@@ -39,7 +40,7 @@ def problems(readme_text: str) -> list[str]:
             continue
         out.extend(check_hashes(key))
         if body != render_block(key):
-            out.append(f"README.md block '{key}' differs from benchmarks/published/{key}/ "
+            out.append(f"Results block '{key}' differs from benchmarks/published/{key}/ "
                        f"(run python benchmarks/readme_tables.py --write)")
         if meta.get("check") == "comparison":
             out.extend(check_comparison(key))
@@ -61,11 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.write:
         rewrite_readme()
-    issues = problems(README.read_text(encoding="utf-8"))
+    issues = problems(pages_text())
     for line in issues:
         print(line)
     if not issues:
-        print(f"{len(blocks(README.read_text(encoding='utf-8')))} results blocks match "
+        print(f"{len(blocks(pages_text()))} results blocks (README.md and docs/) match "
               f"benchmarks/published/")
     return 1 if issues else 0
 

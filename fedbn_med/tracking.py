@@ -46,45 +46,37 @@ SITES_PER_ROUND = "sites_per_round.csv"
 
 def read_sites_per_round(tracking_uri: str, run_id: str) -> dict[int, list[str]]:
     """Return ``{round: sites}`` of a finished federation's parent run."""
-    text = _load_text(tracking_uri, run_id)
-    out: dict[int, list[str]] = {}
-    for line in text.splitlines()[1:]:
-        rnd, _, sites = line.partition(",")
-        out[int(rnd)] = sites.split()
-    return out
-
-
-def _load_text(tracking_uri: str, run_id: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
-        path = MlflowClient(tracking_uri=tracking_uri).download_artifacts(
-            run_id, SITES_PER_ROUND, tmp)
-        return Path(path).read_text()
+        text = Path(MlflowClient(tracking_uri=tracking_uri).download_artifacts(
+            run_id, SITES_PER_ROUND, tmp)).read_text()
+    rows = (line.partition(",") for line in text.splitlines()[1:])
+    return {int(rnd): sites.split() for rnd, _, sites in rows}
 
 
 def default_tracking_uri() -> str:
-    """Return ``$MLFLOW_TRACKING_URI``, else the sqlite store in the repository's ``mlflow/``."""
+    """Return ``$MLFLOW_TRACKING_URI``, else the sqlite store ``mlflow/mlflow.db`` here.
+
+    Here is the working directory (in a clone, its root), never the installed package.
+    """
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
         return env
-    store = _REPO / "mlflow"
+    store = Path.cwd() / "mlflow"
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
 def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
-    """Return how to see a run's experiment in MLflow's web UI, opened on its runs.
+    """Return how to open a run's experiment in MLflow's web UI, on its runs list.
 
-    MLflow 3.17 opens every experiment on its GenAI view unless the address asks for
-    the training workflow (``workflowType=machine_learning``); it then shows the runs
-    list, and the browser remembers the choice. A sqlite store needs ``mlflow ui``
-    started first; a server's address is the UI itself.
+    MLflow 3.17 opens an experiment on its GenAI view unless the address asks for the
+    training workflow (``workflowType=machine_learning``); a sqlite store needs ``mlflow ui``.
     """
     experiment = "0"
-    if run_id:
-        try:
-            experiment = MlflowClient(tracking_uri=tracking_uri).get_run(run_id).info.experiment_id
-        except Exception:  # noqa: BLE001 - a hint only: the store's own error is not ours to raise
-            pass
+    try:
+        experiment = MlflowClient(tracking_uri=tracking_uri).get_run(str(run_id)).info.experiment_id
+    except Exception:  # noqa: BLE001 - a hint only; no run id, or a store gone
+        pass
     path = f"/#/experiments/{experiment}/runs?workflowType=machine_learning"
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri.rstrip('/')}{path}"
@@ -288,18 +280,13 @@ class FederationTracker:
         console table's mean row); ``last_round.mean_<metric>`` the same at the last round;
         ``sites_per_round.csv`` says which sites took part in each round.
         """
-        def means(rnd: int) -> dict[str, float]:
-            at = {str(r["site"]): {k: float(v) for k, v in r.items()  # type: ignore[arg-type]
-                                   if k not in ("round", "site")}
-                  for r in rows if int(r["round"]) == rnd}  # type: ignore[call-overload]
-            return _mean_metrics(at)
-
+        by_round: dict[int, dict[str, dict[str, float]]] = {}
+        for r in rows:
+            by_round.setdefault(int(r["round"]), {})[str(r["site"])] = {  # type: ignore[call-overload]
+                k: float(v) for k, v in r.items() if k not in ("round", "site")}  # type: ignore[arg-type]
+        last = {f"last_round.{k}": v for k, v in _mean_metrics(by_round[last_round]).items()}
         self.log_metrics({"selected_round": selected_round, "last_round": last_round,
-                          **means(selected_round),
-                          **{f"last_round.{k}": v for k, v in means(last_round).items()}})
-        by_round: dict[int, set[str]] = {}
-        for row in rows:
-            by_round.setdefault(int(row["round"]), set()).add(str(row["site"]))  # type: ignore[call-overload]
+                          **_mean_metrics(by_round[selected_round]), **last})
         self.log_text("round,sites\n" + "".join(f"{rnd},{' '.join(sorted(sites))}\n"
                                                 for rnd, sites in sorted(by_round.items())),
                       SITES_PER_ROUND)

@@ -13,9 +13,6 @@ Run with --help for every option.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone, too
 
 from fedbn_med.cli import main
 

@@ -1,43 +1,16 @@
 #!/usr/bin/env python
 """Create a consortium's CA, the server certificate and one key pair per site.
 
-    python pipelines/consortium_keys.py --out keys/ --server-host fl.consortium.example \\
+    python pipelines/consortium_keys.py --out keys/ --server-host fl.consortium.example
         --sites NYU,UM,UCLA
 
 Then on the server: ``--serve --tls-dir keys/`` registers every site's public key; each
 site gets its ``<SITE>.key`` and ``ca.pem`` (the command prints who gets what).
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone, too
-
-from fedbn_med.federation.consortium import create_consortium
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse the arguments, write the files, print the handout."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="a new, empty folder")
-    p.add_argument("--server-host", action="append", required=True,
-                   help="name or IP the sites dial (repeat for several)")
-    p.add_argument("--sites", required=True, help="comma-separated site names")
-    p.add_argument("--days", type=int, default=365, help="validity of the certificates")
-    args = p.parse_args(argv)
-    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
-    try:
-        files = create_consortium(args.out, args.server_host, sites, days=args.days)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(f"Wrote the consortium's files to {args.out}. Hand them out as follows:\n")
-    print(files.handout())
-    return 0
-
+from fedbn_med.cli.keys import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,11 +8,8 @@ Prints Dice per site; run with --help for every option.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone, too
-
-from fedbn_med.cli import main  # noqa: E402
+from fedbn_med.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(task="mri"))

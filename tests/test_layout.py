@@ -159,7 +159,8 @@ def test_no_import_cycle() -> None:
 
 
 def test_the_top_level_holds_at_most_six_modules() -> None:
-    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    # __main__.py is the `python -m fedbn_med` entry point, not a module of the library
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__main__.py")
     assert len(top) <= 6, f"modules at the top of fedbn_med/: {top}"
 
 

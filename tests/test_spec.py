@@ -39,7 +39,7 @@ def test_task_defaults_come_from_the_task():
 def test_the_command_line_has_no_defaults_of_its_own():
     args = build_parser("abide").parse_args([])
     assert spec_from_args(args) == RunSpec()
-    args = build_parser("xray").parse_args(["--task", "xray", "--rounds", "2",
+    args = build_parser("xray").parse_args(["--rounds", "2",
                                             "--set", "subjects=12"])
     spec = spec_from_args(args)
     assert spec.rounds == 2 and spec.settings.subjects == 12 and spec.batch_size == 8

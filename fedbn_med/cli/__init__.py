@@ -38,7 +38,7 @@ from fedbn_med.cli.parser import (
     spec_from_args,
 )
 from fedbn_med.cli.results import print_results
-from fedbn_med.spec import TASK_NAMES, RunSpec
+from fedbn_med.spec import RunSpec
 
 __all__ = ["build_parser", "main"]
 
@@ -46,11 +46,7 @@ __all__ = ["build_parser", "main"]
 def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     """Run a pipeline; return the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    chosen = task
-    if "--task" in argv[:-1]:
-        chosen = argv[argv.index("--task") + 1]
-    parser = build_parser(chosen if chosen in TASK_NAMES else task)
-    args = parser.parse_args(argv)
+    args = build_parser(task).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # SIGTERM stops everything this command started, as Ctrl-C does: both unwind through
     # the launcher's clean-up (every child process and its session).

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-__all__ = ["positive_int"]
+__all__ = ["absolute_path", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -16,3 +17,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def absolute_path(text: str) -> Path:
+    """Parse a path, made absolute from where the command runs (an argparse ``type``).
+
+    The processes a command starts (SuperLink, sites, ServerApp) have working
+    directories of their own, so a relative path is resolved at once.
+    """
+    return Path(text).expanduser().resolve()

@@ -76,6 +76,15 @@ class FlowerOptions:
         return self.server.workdir
 
 
+def _say(text: str) -> None:
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def _silent(text: str) -> None:
+    return None
+
+
 class _Progress:
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.bar = tqdm(total=total, desc=label, unit="round", disable=not enabled,
@@ -117,8 +126,13 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
     first = configs[0]
     sites = list(first.sites)
     task = get_task(first.task)
+    say = _say if options.progress else _silent
     if task.prepare is not None:
+        where = first.data_dir or "each site's file, else the built-in data (made on first use)"
+        say(f"Preparing the data of {', '.join(sites)} from {where} ...")
+        begun = time.monotonic()
         task.prepare(first)
+        say(f"  data ready in {time.monotonic() - begun:.0f} s")
     results = []
     threads = max(1, (os.cpu_count() or 1) // max(1, len(sites)))
     # Every site is ours, on this host: the command line that chose a strategy which
@@ -131,6 +145,8 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
         # Everything that can start at once does: the site host loads torch and MONAI
         # while the SuperLink comes up, and the run is submitted before the sites are
         # ready (the ServerApp waits for them), so its start overlaps theirs.
+        say(f"Starting the Flower SuperLink on 127.0.0.1 and {len(sites)} site processes "
+            "(each loads torch, MONAI and its data) ...")
         fed.start_site_host(threads=threads, preload=[first.task])
         fed.start_superlink()
         for i, config in enumerate(configs):

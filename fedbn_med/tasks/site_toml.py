@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedbn_med.federation.names import check_name
-from fedbn_med.paths import repo_root
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,9 +47,14 @@ _MAX_SEED = 2**32 - 1
 
 
 def sites_dir() -> Path:
-    """Return the folder of site files: ``$FEDBN_MED_SITES``, else the repository's ``sites/``."""
+    """Return the folder of site files: ``$FEDBN_MED_SITES``, else the package's own.
+
+    The package ships the default site files (``fedbn_med/sites/``; a clone also reaches
+    them as ``sites/``). A hospital that installed the package keeps its own folder and
+    points ``FEDBN_MED_SITES`` at it.
+    """
     env = os.environ.get("FEDBN_MED_SITES")
-    return Path(env) if env else repo_root() / "sites"
+    return Path(env).expanduser() if env else Path(__file__).resolve().parent.parent / "sites"
 
 
 def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
