@@ -63,7 +63,7 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     own = d["settings"]
     engine = settings_module(task).ENGINE
     p = argparse.ArgumentParser(
-        prog=f"{task}_fedbn.py",
+        prog=f"{task}_fedbn.py", allow_abbrev=False,
         description=f"FedBN on the {task} task across hospital sites (fedbn-med). Without "
                     "--serve or --site, the whole federation runs on this host.",
     )
