@@ -54,3 +54,12 @@ def test_broken_site_files_are_named(tmp_path):
     (tmp_path / "DEV.toml").write_text('abide_site_ids = ["NYU"]\ndevice = "tpu"\n')
     with pytest.raises(ValueError, match=r"'device' must be 'auto', 'cpu', 'cuda' or 'cuda:N'"):
         load_site("DEV", tmp_path)
+
+
+def test_sites_dir_points_every_process_at_a_folder_of_ones_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDBN_MED_SITES", "unset-after-the-test")  # restored on teardown
+    # an empty folder of site files: the default sites are then unknown, by name
+    assert main(["--sites-dir", str(tmp_path), "--rounds", "1"]) == 2
+    import os
+
+    assert os.environ["FEDBN_MED_SITES"] == str(tmp_path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     """Run a pipeline; return the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(task).parse_args(argv)
+    if args.sites_dir is not None:  # read by every process this command starts, too
+        os.environ["FEDBN_MED_SITES"] = str(args.sites_dir)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # SIGTERM stops everything this command started, as Ctrl-C does: both unwind through
     # the launcher's clean-up (every child process and its session).

@@ -76,6 +76,9 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     data.add_argument("--data-dir", type=absolute_path, default=None,
                       help="every site's data root (default: each site's file, else the "
                            "built-in data, made on first use)")
+    data.add_argument("--sites-dir", type=absolute_path, default=None,
+                      help="a folder of your own site files (default: $FEDBN_MED_SITES, else "
+                           "the files the package ships)")
     data.add_argument("--fold", type=int, default=None,
                       help=f"the test fold of each site's split, 0 to {RunSpec.n_folds - 1} "
                            "(default 0)")
