@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -42,6 +43,7 @@ from fedbn_med.federation.config import NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
+from fedbn_med.fl.model_checks import hostile_model_reason, nonfinite_keys, shift_reason
 from fedbn_med.fl.partition import select
 from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
@@ -78,6 +80,13 @@ class SiteRuntime:
     scores: int = 0
     #: the hash of the weights it last scored and the scores it sent for them
     last_scored: tuple[str, dict[str, float]] | None = None
+    #: what it sent last in this federation (None: nothing yet), on its disk too
+    own: dict | None = None
+
+    @property
+    def sent_path(self) -> Path:
+        """Return where this site keeps its last sent update (this federation's folder)."""
+        return self.state_path.with_name(f"{self.state_path.stem}.sent.safetensors")
 
     @property
     def kept_keys(self) -> frozenset[str]:
@@ -133,9 +142,54 @@ class SiteRuntime:
         self.trained = set(trained) | ({rnd} if rnd > 0 else set())
         self.scored_through, self.scores = scored_through, scores
         self.last_scored = last_scored
+        if self.sent_path.exists():
+            self.own = load_tensors(self.sent_path)[0]
         logger.info("Site %s resumed its private state of round %d from %s",
                     self.trainer.site, rnd, self.state_path)
         return rnd
+
+    # -- what comes in -------------------------------------------------------------------
+    def check_model(self, weights: dict, what: str) -> None:
+        """Refuse a global model no honest server sends, before any computation on it.
+
+        Non-finite values, values beyond the site's bound, all-zero or constant layers
+        (:func:`~fedbn_med.fl.model_checks.hostile_model_reason`); and, once this site has
+        sent an update in this federation without DP, a model that is not plausibly an
+        aggregate of it (:func:`~fedbn_med.fl.model_checks.shift_reason`).
+        """
+        site, policy = self.trainer.site, self.policy
+        reason = hostile_model_reason(weights, policy.max_weight_abs)
+        if reason is None and self.own is not None and self.trainer.privacy is None:
+            reason = shift_reason(weights, self.own, policy.max_model_shift)
+        if reason is not None:
+            raise PermissionError(_refused(
+                f"Site {site} refuses the model of {what} message before computing "
+                f"anything on it: {reason}."))
+
+    def fit(self, weights: dict, config: dict, control: dict) -> tuple[dict, int, dict]:
+        """Train one round; refuse (and undo) a round that gave any non-finite value.
+
+        A site never writes, nor sends, non-finite state: its private layers go back to
+        what they were before the round, and nothing is saved.
+        """
+        trainer = self.trainer
+        before = {k: v.detach().clone() for k, v in self.kept_state().items()}
+        trained_before = trainer.rounds_trained
+        sent, n, fit = trainer.fit(weights, config, control)
+        bad = nonfinite_keys({**self.kept_state(), **sent})
+        if bad:
+            trainer.load_kept(before)
+            trainer.rounds_trained = trained_before
+            raise ValueError(_refused(
+                f"Site {trainer.site}: training in round {config.get('round')} gave "
+                f"non-finite values in {bad[:3]}; nothing is sent, and the site keeps its "
+                f"private state of round {trained_before}."))
+        return sent, n, fit
+
+    def keep_sent(self, sent: dict) -> None:
+        """Remember (in memory and on disk, atomically) the update this site sent."""
+        self.own = {k: v.detach().clone() for k, v in sent.items()}
+        save_tensors(self.sent_path, self.own, {"site": self.trainer.site})
 
     # -- what leaves the site ------------------------------------------------------------
     def score_refusal(self, aggregate_round: int) -> str | None:
@@ -275,6 +329,10 @@ def runtime(context: Context) -> SiteRuntime:
                 f"Site {node.site} does not run strategy '{config.strategy}': it reads every "
                 "site's data in one place, which a site never does for a federation.")
         policy = site_policy(node.site, config.task)
+        try:  # the site decides how it trains: its values, or the run's within its bounds
+            config = policy.training.apply(config)
+        except PermissionError as err:
+            raise PermissionError(_refused(f"Site {node.site} refuses this run: {err}")) from None
         state_path = node.state_path(federation_id)
         ledger = PrivacyLedger(Path(node.state_dir) / f"{node.site}.dp_ledger.json", node.site)
         task = get_task(config.task)
@@ -332,6 +390,15 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
     sections: dict[str, dict] = {}
     weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
+    rt.check_model(weights, "a train")
+    asked = cfg.get("local-epochs")
+    epochs: object = None
+    if asked is not None:
+        try:
+            epochs = rt.policy.training.value("local_epochs", asked)
+        except PermissionError as err:
+            raise PermissionError(_refused(f"Site {rt.trainer.site} refuses round {rnd}: "
+                                           f"{err}")) from None
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation,
@@ -347,14 +414,18 @@ def train(msg: Message, context: Context) -> Message:
     # this site's private layers now are those of round rnd - 1: kept with the best's
     keep_rounds(rt.state_path, rt.kept_state(), rnd - 1, cfg.get("selected-round"))
     rt.check_release()
-    epochs = cfg.get("local-epochs")
-    plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
-    weights, n, fit = rt.trainer.fit(weights, plan.trainer_config(), control)
+    plan = plan_round(rnd, local_epochs=None if epochs is None else int(cast(int, epochs)))
+    weights, n, fit = rt.fit(weights, plan.trainer_config(), control)
     rt.record_release()
     rt.trained.add(rnd)
     digest = rt.save(rnd)
-    sections["metrics"] = _numbers({"num-examples": n, **bounded_fit(fit),
-                                    "setups": rt.setups})
+    rt.keep_sent(weights)
+    released = bounded_fit(fit)
+    if rt.trainer.privacy is not None:
+        # Un-noised, the training loss of crafted weights reads BN shifts back: under DP
+        # everything data-dependent that leaves the site is the noised update alone.
+        released.pop("train_loss", None)
+    sections["metrics"] = _numbers({"num-examples": n, **released, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
                    reply_to=msg)
@@ -374,6 +445,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         raise ValueError(f"Site {rt.trainer.site} refuses an evaluate message whose round is "
                          f"{rnd!r}: expected the round of the model it carries.")
     weights = split_controls(payload.tensors)[0]
+    rt.check_model(weights, "an evaluate")
     again = rt.scores_again(weights, rnd)
     if again is not None:
         return Message(pack(metrics=_numbers(again)), reply_to=msg)

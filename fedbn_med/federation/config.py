@@ -94,6 +94,9 @@ class ServerSettings:
     node_sites : dict of str to str
         Node ID (as text) to site name, from the consortium's key list: with node
         authentication a node's key says which site it is. Empty: no key list.
+    registered_counts : dict of str to int
+        Each site's training examples as registered with its key (the consortium's
+        ``counts.json``): a site weighs at most this in an average. Empty: none.
     """
 
     workdir: Path
@@ -107,6 +110,7 @@ class ServerSettings:
     allow_join: bool = False
     input_shape: tuple[int, ...] = ()
     node_sites: dict[str, str] = dataclasses.field(default_factory=dict)
+    registered_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -119,6 +123,11 @@ class ServerSettings:
                 for n, s in self.node_sites.items()):
             raise ValueError("node_sites must map node IDs (digits) to plain site names, got "
                              f"{self.node_sites!r}.")
+        if not isinstance(self.registered_counts, dict) or not all(
+                is_plain_name(s) and isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                for s, n in self.registered_counts.items()):
+            raise ValueError("registered_counts must map plain site names to whole numbers "
+                             f">= 1, got {self.registered_counts!r}.")
         if not isinstance(self.min_sites, int) or self.min_sites < 0:
             raise ValueError(f"min_sites must be an integer >= 0, got {self.min_sites!r}.")
         for name in ("wait_timeout", "round_timeout"):
