@@ -34,10 +34,17 @@ from typing import Any, cast
 
 import httpx
 
-from fedbn_med.federation._bounded_http import ContentsRefused, ContentsTooLarge, cap_object_pulls
+from fedbn_med.federation._bounded_http import (
+    ContentsRefused,
+    ContentsTooLarge,
+    cap_fab_pulls,
+    cap_object_pulls,
+)
+from fedbn_med.federation.fab import check_fab
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsTooLarge", "FleetSession",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsRefused", "ContentsTooLarge",
+    "FleetSession",
     "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config", "pull_available",
     "set_message_id",
     # flwr internals passed on to the server's side of the door, _flwr_replies
@@ -188,7 +195,12 @@ def set_message_id(message: Message, object_id: str) -> None:
 
 
 def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
-    """Return the run config of ``run``: the app's defaults with the run's overrides."""
+    """Return the run config of ``run``: the app's defaults with the run's overrides.
+
+    The FAB is checked first (:func:`fedbn_med.federation.fab.check_fab`): an archive
+    that would inflate beyond the site's bounds is refused before any of it is read.
+    """
+    check_fab(fab_content)
     return dict(get_fused_config_from_fab(fab_content, run))
 
 
@@ -334,6 +346,7 @@ class FleetSession:
         """Return the fused run config of a run (its app's defaults plus overrides)."""
         run = run_from_proto(self._call(self._client.GetRun,
                                         GetRunRequest(node=self.node, run_id=run_id)).run)
+        cap_fab_pulls(self._client._client)  # noqa: SLF001 - the FAB bounded as it arrives
         fab = fab_from_proto(self._call(self._client.GetFab, GetFabRequest(
             node=self.node, hash_str=run.fab_hash, run_id=run_id)).fab)
         return fused_run_config(fab.content, run)

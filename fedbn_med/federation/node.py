@@ -220,10 +220,21 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
         run_id = head.metadata.run_id
         try:
             if run_id not in contexts:
+                try:
+                    run_config = session.run_config(run_id)
+                except (ValueError, flwr_compat.ContentsRefused) as err:
+                    # a FAB over the site's bounds: refused unread, the node serves on
+                    logger.warning("Site %s refused run %d's FAB: %s",
+                                   node_config.get("site"), run_id, err)
+                    session.push_reply(run_id, Message(Error(
+                        code=flwr_compat.MESSAGE_REFUSED,
+                        reason=f"site refused the run's FAB: {err}"), reply_to=head), 0.0)
+                    pacer.start()
+                    continue
                 contexts.clear()
                 contexts[run_id] = Context(
                     run_id=run_id, node_id=node_id, node_config=node_config,
-                    state=RecordDict(), run_config=session.run_config(run_id),
+                    state=RecordDict(), run_config=run_config,
                 )
             try:
                 message = pull(run_id, tree)
