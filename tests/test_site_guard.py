@@ -129,3 +129,45 @@ def test_colluders_weigh_at_most_their_registered_counts():
     assert new == {"NYU": 50, "UM": 50, "UCLA": 100}
     # a site claiming less than its registered count weighs its claim
     assert site_weights({**claims, "UCLA": 60}, "samples", None, registered)["UCLA"] == 60
+
+
+def test_a_site_datalist_stays_inside_its_folder_unless_the_site_opts_out(tmp_path):
+    import json
+
+    from fedbn_med.tasks.imaging.datalist import load_datalist
+
+    outside = tmp_path / "secret.nii.gz"
+    outside.write_bytes(b"x")
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "inside.nii.gz").write_bytes(b"x")
+    (root / "link.nii.gz").symlink_to(outside)
+    for bad in ("../secret.nii.gz", str(outside), "link.nii.gz"):
+        path = root / "dl.json"
+        path.write_text(json.dumps({"training": [{"image": "inside.nii.gz"},
+                                                 {"image": bad}]}))
+        with pytest.raises(ValueError, match=rf"Datalist {path}: its image .* lies outside the "
+                                             rf"datalist's folder {root.resolve()} \(links "
+                                             r"followed\).*datalist_outside_root = true"):
+            load_datalist(path, outside_root=False)
+        assert len(load_datalist(path)["training"]) + len(load_datalist(path)["test"]) >= 1
+
+
+def test_a_reader_error_names_the_file_and_never_quotes_it(tmp_path, caplog):
+    import logging
+    import struct
+
+    import nibabel as nib
+    import numpy as np
+
+    from fedbn_med.tasks.imaging.datalist import decode_items
+
+    path = tmp_path / "a.nii"
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.float32), np.eye(4)), path)
+    raw = bytearray(path.read_bytes())
+    raw[40:42] = struct.pack("<h", 9)  # dim[0] = 9: nibabel's HeaderDataError
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="fedbn_med.tasks.imaging.datalist"):
+        assert decode_items([{"image": str(path)}], ["image"], "X") == []
+    (message,) = [r.getMessage() for r in caplog.records if r.name.endswith("datalist")]
+    assert message == f"Site X: skipping {path}: unreadable file (HeaderDataError)"
