@@ -171,3 +171,15 @@ def test_a_reader_error_names_the_file_and_never_quotes_it(tmp_path, caplog):
         assert decode_items([{"image": str(path)}], ["image"], "X") == []
     (message,) = [r.getMessage() for r in caplog.records if r.name.endswith("datalist")]
     assert message == f"Site X: skipping {path}: unreadable file (HeaderDataError)"
+
+
+def test_a_site_claims_only_its_own_abide_ids(tmp_path):
+    from fedbn_med.tasks.abide.sites import load_site
+
+    path = tmp_path / "UM.toml"
+    path.write_text('abide_site_ids = ["UM_1", "UM_2"]\n')
+    assert load_site("UM", tmp_path).abide_site_ids == ("UM_1", "UM_2")
+    path.write_text('abide_site_ids = ["UM_1", "NYU"]\n')
+    with pytest.raises(ValueError, match=rf"Site file {path}: site 'UM' claims ABIDE site ids "
+                                         r"\['NYU'\], which are not its own"):
+        load_site("UM", tmp_path)
