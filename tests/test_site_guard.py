@@ -183,3 +183,17 @@ def test_a_site_claims_only_its_own_abide_ids(tmp_path):
     with pytest.raises(ValueError, match=rf"Site file {path}: site 'UM' claims ABIDE site ids "
                                          r"\['NYU'\], which are not its own"):
         load_site("UM", tmp_path)
+
+
+def test_a_dp_delta_not_well_below_one_over_n_is_refused(tmp_path):
+    from fedbn_med.federation.client_app import _check_delta
+    from fedbn_med.fl.privacy import UpdatePrivacy
+
+    rt = _runtime(tmp_path)  # 8 training examples
+    rt.trainer.privacy = UpdatePrivacy(clip=1.0, noise=1.0, delta=1e-2)
+    _check_delta(rt.trainer)
+    rt.trainer.privacy = UpdatePrivacy(clip=1.0, noise=1.0, delta=0.05)
+    with pytest.raises(PermissionError, match=r"Site UCLA refuses this run: its DP delta 0.05 "
+                                              r"is not well below 1/n for its 8 training "
+                                              r"examples \(it must be at most 0.0125"):
+        _check_delta(rt.trainer)

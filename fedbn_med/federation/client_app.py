@@ -344,12 +344,24 @@ def runtime(context: Context) -> SiteRuntime:
         rt = SiteRuntime(trainer=trainer, state_path=state_path, federation_id=federation_id,
                          policy=policy, ledger=ledger)
         rt.restore()
+        _check_delta(trainer)
         rt.check_budget(config.rounds)
         _SETUPS["count"] += 1
         rt.setups = _SETUPS["count"]
         _RUNTIMES.clear()  # one run at a time per site process
         _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _check_delta(trainer: SiteTrainer) -> None:
+    # delta is the chance the guarantee fails outright: well below 1/n, or one record in
+    # n may be told outright
+    privacy, n = trainer.privacy, int(trainer.data.num_train)
+    if privacy is not None and n > 0 and privacy.delta * n > 0.1:
+        raise PermissionError(_refused(
+            f"Site {trainer.site} refuses this run: its DP delta {privacy.delta:g} is not "
+            f"well below 1/n for its {n} training examples (it must be at most "
+            f"{0.1 / n:.2g}, a tenth of 1/n)."))
 
 
 def _refused(reason: str) -> str:
