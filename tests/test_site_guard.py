@@ -195,5 +195,5 @@ def test_a_dp_delta_not_well_below_one_over_n_is_refused(tmp_path):
     rt.trainer.privacy = UpdatePrivacy(clip=1.0, noise=1.0, delta=0.05)
     with pytest.raises(PermissionError, match=r"Site UCLA refuses this run: its DP delta 0.05 "
                                               r"is not well below 1/n for its 8 training "
-                                              r"examples \(it must be at most 0.0125"):
+                                              r"examples \(it must be at most 0.013, a tenth"):
         _check_delta(rt.trainer)
