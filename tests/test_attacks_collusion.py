@@ -20,11 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from fedbn_med.federation.server.rounds import HOSPITAL_MAX_SHARE
+from fedbn_med.fl.weighting import capped_weights, site_weights
+
 pytestmark = pytest.mark.integration
 
 SITES = ("NYU", "UM", "UCLA")
-#: Registered with the keys: the colluders 10 each; UCLA more than it will claim.
-REGISTERED = {"NYU": 10, "UM": 10, "UCLA": 1000}
+#: Registered with the keys: the colluders 30 each; UCLA more than it will claim.
+REGISTERED = {"NYU": 30, "UM": 30, "UCLA": 1000}
 CLAIM = 10**9
 
 
@@ -71,15 +74,20 @@ def test_colluders_weigh_at_most_their_registered_counts(colluded):
     (trained,) = [e for e in colluded["events"] if e["event"] == "trained"]
     shares = trained["shares"]
     assert set(shares) == set(SITES), trained
-    ucla = next(r["num_examples"] for r in colluded["results"]["rows"] if r["site"] == "UCLA")
-    assert 20 < ucla < REGISTERED["UCLA"]
-    # each colluder weighs its registered 10, the honest UCLA its own count
-    assert shares["NYU"] == pytest.approx(10 / (20 + ucla))
-    assert shares["UM"] == pytest.approx(10 / (20 + ucla))
-    assert shares["UCLA"] == pytest.approx(ucla / (20 + ucla))
-    print(f"colluders' combined share {shares['NYU'] + shares['UM']:.3f} "
-          f"(registered share {20 / (20 + ucla):.3f}; before issue 44: 1.0)")
-
+    ucla = int(next(r["num_examples"] for r in colluded["results"]["rows"]
+                    if r["site"] == "UCLA"))
+    assert 0 < ucla < REGISTERED["UCLA"]
+    # exactly the shares of honest claims (the colluders' registered 30 each) under the
+    # same rules, the hospital cap included; before issue 44: 0.5, 0.5 and UCLA about 0
+    honest = site_weights({"NYU": 30, "UM": 30, "UCLA": ucla}, "samples", HOSPITAL_MAX_SHARE)
+    total = sum(honest.values())
+    for site in SITES:
+        assert shares[site] == pytest.approx(honest[site] / total), (site, shares)
+    before = capped_weights({"NYU": CLAIM, "UM": CLAIM, "UCLA": ucla}, HOSPITAL_MAX_SHARE)
+    assert before["UCLA"] / sum(before.values()) < 1e-6
+    print(f"shares with registered counts {shares}; colluders' combined share "
+          f"{shares['NYU'] + shares['UM']:.3f}; before issue 44 UCLA got "
+          f"{before['UCLA'] / sum(before.values()):.1e}")
 
 if __name__ == "__main__":
     from keyed import preload_task  # this file's folder, tests/, is on sys.path
