@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from fedbn_med.checkpoint import load_tensors
+from fedbn_med.federation.approve import describe
 from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.launcher.flower_cli import CONNECTION, flwr_tool, write_run_config
 from fedbn_med.spec import RunSpec
@@ -70,15 +71,17 @@ def hostile_world(small_cohort, tmp_path_factory):
     sites_dir = root / "sites"
     sites_dir.mkdir()
     _site_file(sites_dir, "NYU", small_cohort, "[training]\nlr = [1e-4, 1e-1]\n")
-    _site_file(sites_dir, "UM", small_cohort, "dp_noise = 1.0\ndp_clip = 1e-3\n")
+    spec = RunSpec(strategy="fedbn", rounds=1, sites=SITES, device="cpu")
+    # UM pins the one run spec it approved, by the hash the approval command prints
+    world: dict = {"root": root, "approved": describe(spec.to_json())[1]}
+    _site_file(sites_dir, "UM", small_cohort, "dp_noise = 1.0\ndp_clip = 1e-3\n"
+               f'approved_specs = ["{world["approved"]}"]\n')
     mp = pytest.MonkeyPatch()
     mp.setenv("FEDBN_MED_SITES", str(sites_dir))
-    world: dict = {"root": root}
     try:
         with keyed_federation(root, SITES) as c:
             start_honest(c, SITES, None)
             c.fed.wait_sites_ready(list(SITES), timeout=240)
-            spec = RunSpec(strategy="fedbn", rounds=1, sites=SITES, device="cpu")
             world["a"] = run_federation(c, "fed-a", spec, timeout=300, round_timeout=120.0)[0]
             state = root / "fed" / "sites" / "fed-a"
             world["before"] = {s: (state / f"{s}.safetensors").read_bytes() for s in SITES}
@@ -166,5 +169,42 @@ def test_a_site_trains_only_within_its_own_bounds(hostile_world):
     assert any("Site NYU refuses this run: The site trains with lr from 0.0001 to 0.1 "
                f"([training] in {hostile_world['root'] / 'sites' / 'NYU.toml'}); the run "
                "asks for lr = 1e-12" in r for r in reasons), reasons
-    assert any("Site UM refuses this run: The site trains with lr from 1e-06 to 1" in r
+    # UM approved one spec: the slow one is refused by its hash, named with UM's own
+    _, slow = describe(RunSpec(strategy="fedbn", rounds=1, sites=SITES, device="cpu",
+                               lr=1e-12).to_json())
+    assert any(f"Site UM refuses this run: its run spec's hash is {slow}, and the site "
+               f"approved only {hostile_world['approved']} (approved_specs in" in r
                for r in reasons), reasons
+
+
+def test_each_site_keeps_an_audit_trail_its_officer_can_verify(hostile_world, tmp_path,
+                                                                capsys):
+    from fedbn_med.federation.audit import main, verify
+
+    for site in SITES:
+        log = hostile_world["root"] / "fed" / "sites" / f"{site}.audit.jsonl"
+        summary = verify(log)
+        assert summary.intact, (site, summary.reason)
+        assert {"fed-a"} == summary.federations
+        assert summary.kinds["received"] >= 10 and summary.kinds["sent"] >= 3, summary.kinds
+        refused = list(summary.refused)
+        assert any("holds NaN or Inf" in r for r in refused), refused
+        assert any("is all zero" in r for r in refused), refused
+        slow = "the run asks for lr = 1e-12" if site == "NYU" else "and the site approved only"
+        assert any(slow in r for r in refused), refused
+        # names, shapes and norms of what left; never a BN tensor, never a value
+        assert summary.tensor_releases >= 2
+        assert summary.tensor_names and not any(".N." in n for n in summary.tensor_names)
+        assert main([str(log)]) == 0
+        out = capsys.readouterr().out
+        assert "chain intact" in out and "No batch-norm statistics ever left the site" in out
+        # one changed line breaks the chain there
+        lines = log.read_text().splitlines()
+        lines[1] = lines[1].replace('"kind": "', '"kind": "x', 1)
+        forged = tmp_path / f"{site}.audit.jsonl"
+        forged.write_text("\n".join(lines) + "\n")
+        assert verify(forged).broken_at == 2
+        assert main([str(forged)]) == 1
+        assert "CHAIN BROKEN at line 2: its contents were changed" in capsys.readouterr().out
+    # the DP site's epsilon is in its log
+    assert verify(hostile_world["root"] / "fed" / "sites" / "UM.audit.jsonl").epsilon

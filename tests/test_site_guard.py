@@ -197,3 +197,29 @@ def test_a_dp_delta_not_well_below_one_over_n_is_refused(tmp_path):
                                               r"is not well below 1/n for its 8 training "
                                               r"examples \(it must be at most 0.013, a tenth"):
         _check_delta(rt.trainer)
+
+
+def test_the_approval_command_prints_the_spec_and_the_hash_a_site_pins(tmp_path, capsys,
+                                                                         monkeypatch):
+    from fedbn_med.federation.approve import main
+
+    spec = RunSpec(rounds=3, data_dir=tmp_path / "operator")
+    path = tmp_path / "spec.json"
+    path.write_text(spec.to_json())
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert '  rounds' in out and "3" in out and "operator" not in out  # the site's view
+    digest = out.rsplit('approved_specs = ["', 1)[1][:64]
+    # the same spec without the server's path is the same run to the site
+    path.write_text(spec.replace(data_dir=None).to_json())
+    main([str(path)])
+    assert digest in capsys.readouterr().out
+    path.write_text('{"rounds": 3, "unknown": 1}')
+    assert main([str(path)]) == 2
+    assert "Unknown run spec field(s) unknown" in capsys.readouterr().err
+    monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
+    _write(tmp_path, 'approved_specs = ["abc"]\n')
+    with pytest.raises(ValueError, match=r"'approved_specs' must be a list of SHA-256 hashes"):
+        site_policy("UCLA")
+    _write(tmp_path, f'approved_specs = ["{digest}"]\n')
+    assert site_policy("UCLA").approved_specs == (digest,)

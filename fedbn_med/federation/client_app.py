@@ -30,7 +30,9 @@ file's ``dp_epsilon_max`` is refused.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -39,6 +41,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
+from fedbn_med.federation.audit import AuditLog, run_spec_hash, tensor_facts
 from fedbn_med.federation.config import NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
@@ -49,6 +52,7 @@ from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
 from fedbn_med.fl.rounds import plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls
+from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 from fedbn_med.tasks.site_toml import SitePolicy, site_policy
 from fedbn_med.training.trainer import SiteTrainer
@@ -329,6 +333,7 @@ def runtime(context: Context) -> SiteRuntime:
                 f"Site {node.site} does not run strategy '{config.strategy}': it reads every "
                 "site's data in one place, which a site never does for a federation.")
         policy = site_policy(node.site, config.task)
+        _check_approved(node.site, config, policy)
         try:  # the site decides how it trains: its values, or the run's within its bounds
             config = policy.training.apply(config)
         except PermissionError as err:
@@ -351,6 +356,19 @@ def runtime(context: Context) -> SiteRuntime:
         _RUNTIMES.clear()  # one run at a time per site process
         _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _check_approved(site: str, spec: RunSpec, policy: SitePolicy) -> None:
+    # a site with approved_specs runs only those: pinned by hash, named both ways
+    if policy.approved_specs is None:
+        return
+    digest = run_spec_hash(spec.to_dict())
+    if digest not in policy.approved_specs:
+        raise PermissionError(_refused(
+            f"Site {site} refuses this run: its run spec's hash is {digest}, and the site "
+            f"approved only {', '.join(policy.approved_specs) or 'none'} (approved_specs in "
+            f"{policy.path}). `python -m fedbn_med.federation.approve SPEC.json` prints a "
+            "spec and the hash a site approves."))
 
 
 def _check_delta(trainer: SiteTrainer) -> None:
@@ -378,7 +396,67 @@ def _refusal(site: str, strategy: str) -> str:
     return reason
 
 
+Handler = Callable[[Message, Context], Message]
+
+
+def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]:
+    """Return the site's audit log and what the message says of itself (never values)."""
+    try:
+        node = NodeSettings.from_node_config(context.node_config)
+    except (ValueError, TypeError, KeyError):
+        return None, {}
+    facts: dict[str, object] = {"message": str(msg.metadata.message_type),
+                                "run": int(context.run_id)}
+    try:
+        spec, federation_id = read_site_config(context.run_config)
+        facts["federation"], facts["spec"] = federation_id, run_spec_hash(spec.to_dict())
+    except (ValueError, TypeError, KeyError):
+        facts["spec"] = "unreadable"
+    try:
+        rnd = unpack(msg.content).section("config").get("round")
+        if isinstance(rnd, int) and not isinstance(rnd, bool):
+            facts["round"] = rnd
+    except (ValueError, TypeError, KeyError):
+        pass
+    return AuditLog(Path(node.state_dir) / f"{node.site}.audit.jsonl"), facts
+
+
+def _reply_facts(reply: Message) -> dict[str, object]:
+    payload = unpack(reply.content)
+    out: dict[str, object] = {"tensors": tensor_facts(payload.tensors)}
+    for section in ("metrics", "eval"):
+        if section in payload.sections:
+            out[section] = sorted(payload.floats(section))  # names only
+    metrics = payload.floats("metrics") if "metrics" in payload.sections else {}
+    for key in ("dp_epsilon", "dp_noise", "dp_clip", "dp_delta"):
+        if key in metrics:
+            out[key] = metrics[key]
+    return out
+
+
+def _audited(handler: Handler) -> Handler:
+    """Log what ``handler`` received and what it sent, or why it refused, in the audit log."""
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        log, facts = _audit_facts(msg, context)
+        try:
+            reply = handler(msg, context)
+        except Exception as err:
+            if log is not None:
+                log.append("received", **facts, refused=f"{type(err).__name__}: {err}"[:400])
+            raise
+        if log is not None:
+            log.append("received", **facts)
+            log.append("sent", **{k: v for k, v in facts.items() if k != "message"},
+                       **_reply_facts(reply))
+        return reply
+
+    return wrapped
+
+
 @app.query()
+@_audited
 def query(msg: Message, context: Context) -> Message:
     """Tell the server who this site is and what its data look like."""
     rt = runtime(context)
@@ -394,6 +472,7 @@ def query(msg: Message, context: Context) -> Message:
 
 
 @app.train()
+@_audited
 def train(msg: Message, context: Context) -> Message:
     """Evaluate the incoming global weights if asked, then train and send the update."""
     rt = runtime(context)
@@ -444,6 +523,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@_audited
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the final global weights on this site's validation and test splits.
 
