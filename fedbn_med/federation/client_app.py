@@ -21,7 +21,17 @@ back from the scores. A site therefore scores only models it can account for:
 - at most ``max_scores_per_run`` scores per federation (its site file, default 500);
 - at bounded precision (:data:`~fedbn_med.fl.release.SCORE_DECIMALS` decimals, losses capped
   at :data:`~fedbn_med.fl.release.MAX_LOSS`; the in-process engine records the same);
-- under client-level DP, not at all: the DP budget covers the updates, not the scores.
+- under client-level DP, not at all: the DP budget covers the updates, not the scores
+  (nor the training loss, which a DP site does not send either).
+
+Before it computes anything on a model the server sent (training or scoring), a site
+refuses one that no honest server sends (:meth:`SiteRuntime.check_model`): non-finite
+values, values beyond its bound, all-zero or constant layers, and, without DP, a model
+that is no aggregate of the update it sent last (:mod:`fedbn_med.fl.model_checks`). It
+trains with its own settings or within its own bounds (``[training]`` in its site file),
+runs only the run specs it approved when it pins them (``approved_specs``), never writes
+nor sends non-finite state, and logs what came in and what left in its hash-chained
+audit trail (:mod:`fedbn_med.federation.audit`). See ``docs/threat-model.md``.
 
 Its DP spending is kept across federations (:class:`~fedbn_med.fl.privacy.PrivacyLedger`,
 ``<state-dir>/<site>.dp_ledger.json``); a run, or a round, that would take it above the site
