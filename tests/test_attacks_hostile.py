@@ -88,9 +88,22 @@ def hostile_world(small_cohort, tmp_path_factory):
             world["probes"] = _probes(c, root, spec, "probes")
             world["after"] = {s: load_tensors(state / f"{s}.safetensors") for s in SITES}
             world["slow"] = _probes(c, root, spec.replace(lr=1e-12), "slow")
+            # NYU now pins the app of the honest runs, by the hash its audit log holds
+            world["app"] = _honest_app(root / "fed" / "sites" / "NYU.audit.jsonl")
+            nyu = sites_dir / "NYU.toml"  # a top-level key: before its [training] table
+            nyu.write_text(f'approved_apps = ["{world["app"]}"]\n' + nyu.read_text())
+            world["pinned"] = _probes(c, root, spec, "pinned")
             yield world
     finally:
         mp.undo()
+
+
+def _honest_app(log: Path) -> str:
+    """Return the app hash of the honest federation's messages in a site's audit log."""
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    (app,) = {e["app"] for e in entries if e.get("federation") == "fed-a"
+              and e.get("kind") == "received" and e.get("round") == 1}
+    return app
 
 
 def _probes(c, root: Path, spec: RunSpec, name: str) -> dict:
@@ -175,6 +188,17 @@ def test_a_site_trains_only_within_its_own_bounds(hostile_world):
     assert any(f"Site UM refuses this run: its run spec's hash is {slow}, and the site "
                f"approved only {hostile_world['approved']} (approved_specs in" in r
                for r in reasons), reasons
+
+
+def test_a_site_runs_only_the_app_it_approved(hostile_world):
+    world = hostile_world
+    assert len(world["app"]) == 64
+    reasons = world["pinned"].get("query-errors", {}).get("reasons", [])
+    # NYU refuses the operator's app, naming both hashes; UM (no pin) answers
+    assert len(reasons) == 1 and "Site NYU refuses this run: its app (FAB)'s hash is " \
+        in reasons[0], world["pinned"]
+    assert f"and the site approved only {world['app']} (approved_apps in" in reasons[0]
+    assert "UM" in world["pinned"]
 
 
 def test_each_site_keeps_an_audit_trail_its_officer_can_verify(hostile_world, tmp_path,

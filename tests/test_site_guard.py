@@ -223,3 +223,19 @@ def test_the_approval_command_prints_the_spec_and_the_hash_a_site_pins(tmp_path,
         site_policy("UCLA")
     _write(tmp_path, f'approved_specs = ["{digest}"]\n')
     assert site_policy("UCLA").approved_specs == (digest,)
+
+
+def test_the_approval_command_prints_an_app_hash(tmp_path, capsys, monkeypatch):
+    import hashlib
+
+    from fedbn_med.federation.approve import main
+
+    fab = tmp_path / "app.fab"
+    fab.write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    assert main(["--fab", str(fab)]) == 0
+    digest = hashlib.sha256(fab.read_bytes()).hexdigest()
+    assert f'approved_apps = ["{digest}"]' in capsys.readouterr().out
+    assert main(["--fab", str(tmp_path / "missing.fab")]) == 2
+    monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
+    _write(tmp_path, f'approved_apps = ["{digest}"]\n')
+    assert site_policy("UCLA").approved_apps == (digest,)

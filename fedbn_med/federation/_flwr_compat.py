@@ -23,6 +23,7 @@ checks every internal named here and says what changed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import threading
@@ -235,6 +236,9 @@ class FleetSession:
         private_key, public_key = authentication_keys or generate_key_pairs()
         self._public_key = public_key_to_bytes(public_key)
         self._forgotten = threading.Event()
+        #: run ID -> the SHA-256 of its FAB as this node received it (computed here, not
+        #: taken from the server's word)
+        self.fab_hashes: dict[int, str] = {}
         self._invoker = RetryInvoker(
             lambda: exponential(max_delay=MAX_RETRY_DELAY), _RETRY_ERRORS, max_tries=None,
             max_time=max_wait_time, should_giveup=self._should_giveup)
@@ -349,7 +353,9 @@ class FleetSession:
         cap_fab_pulls(self._client._client)  # noqa: SLF001 - the FAB bounded as it arrives
         fab = fab_from_proto(self._call(self._client.GetFab, GetFabRequest(
             node=self.node, hash_str=run.fab_hash, run_id=run_id)).fab)
-        return fused_run_config(fab.content, run)
+        config = fused_run_config(fab.content, run)
+        self.fab_hashes[run_id] = hashlib.sha256(fab.content).hexdigest()
+        return config
 
     def pull_message(self, run_id: int, tree: Any, *, max_bytes: int, max_objects: int,
                      timeout: float) -> Message:

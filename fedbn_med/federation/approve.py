@@ -10,12 +10,16 @@ spec the consortium sent (a JSON file, :meth:`fedbn_med.spec.RunSpec.to_json`)::
     python -m fedbn_med.federation.approve run_spec.json
 
 which prints each setting of the site's view of it (no path of the server's) and the
-hash to pin.
+hash to pin. A site may pin the app too (``approved_apps``): the SHA-256 of the FAB that
+``flwr build`` writes, which the site node computes from the bytes it receives::
+
+    python -m fedbn_med.federation.approve --fab fedbn-med.fab
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -49,10 +53,21 @@ def describe(spec_json: str) -> tuple[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print a run spec as a site sees it and the hash to pin in ``approved_specs``."""
+    """Print a run spec as a site sees it (or an app's FAB) and the hash to pin."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec", type=Path, help="the run spec, as JSON")
+    parser.add_argument("spec", type=Path, nargs="?", help="the run spec, as JSON")
+    parser.add_argument("--fab", type=Path, default=None, help="an app's FAB (flwr build)")
     args = parser.parse_args(argv)
+    if args.fab is not None:
+        try:
+            digest = hashlib.sha256(args.fab.read_bytes()).hexdigest()
+        except OSError as err:
+            print(f"error: {args.fab}: {err.strerror}", file=sys.stderr)
+            return 2
+        print(f"App {args.fab} ({args.fab.stat().st_size} bytes). To approve it, add to the "
+              f"site file:\napproved_apps = [\"{digest}\"]")
+    if args.spec is None:
+        return 0 if args.fab is not None else 2
     try:
         text, digest = describe(args.spec.read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError) as err:

@@ -52,7 +52,7 @@ from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
 from fedbn_med.federation.audit import AuditLog, run_spec_hash, tensor_facts
-from fedbn_med.federation.config import NodeSettings, read_site_config
+from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
@@ -343,7 +343,8 @@ def runtime(context: Context) -> SiteRuntime:
                 f"Site {node.site} does not run strategy '{config.strategy}': it reads every "
                 "site's data in one place, which a site never does for a federation.")
         policy = site_policy(node.site, config.task)
-        _check_approved(node.site, config, policy)
+        _check_approved(node.site, config, policy,
+                        str(context.node_config.get(APP_HASH_KEY, "")))
         try:  # the site decides how it trains: its values, or the run's within its bounds
             config = policy.training.apply(config)
         except PermissionError as err:
@@ -368,17 +369,19 @@ def runtime(context: Context) -> SiteRuntime:
     return _RUNTIMES[key]
 
 
-def _check_approved(site: str, spec: RunSpec, policy: SitePolicy) -> None:
-    # a site with approved_specs runs only those: pinned by hash, named both ways
-    if policy.approved_specs is None:
-        return
-    digest = run_spec_hash(spec.to_dict())
-    if digest not in policy.approved_specs:
-        raise PermissionError(_refused(
-            f"Site {site} refuses this run: its run spec's hash is {digest}, and the site "
-            f"approved only {', '.join(policy.approved_specs) or 'none'} (approved_specs in "
-            f"{policy.path}). `python -m fedbn_med.federation.approve SPEC.json` prints a "
-            "spec and the hash a site approves."))
+def _check_approved(site: str, spec: RunSpec, policy: SitePolicy, app_hash: str) -> None:
+    # a site with approved_specs / approved_apps runs only those: pinned by hash, the
+    # refusal naming both
+    for what, approved, digest, key, how in (
+            ("run spec", policy.approved_specs, run_spec_hash(spec.to_dict()),
+             "approved_specs", "`python -m fedbn_med.federation.approve SPEC.json`"),
+            ("app (FAB)", policy.approved_apps, app_hash, "approved_apps",
+             "`python -m fedbn_med.federation.approve --fab APP.fab`")):
+        if approved is not None and digest not in approved:
+            raise PermissionError(_refused(
+                f"Site {site} refuses this run: its {what}'s hash is {digest or 'unknown'}, "
+                f"and the site approved only {', '.join(approved) or 'none'} ({key} in "
+                f"{policy.path}). {how} prints the hash a site approves."))
 
 
 def _check_delta(trainer: SiteTrainer) -> None:
@@ -416,7 +419,8 @@ def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]
     except (ValueError, TypeError, KeyError):
         return None, {}
     facts: dict[str, object] = {"message": str(msg.metadata.message_type),
-                                "run": int(context.run_id)}
+                                "run": int(context.run_id),
+                                "app": str(context.node_config.get(APP_HASH_KEY, ""))}
     try:
         spec, federation_id = read_site_config(context.run_config)
         facts["federation"], facts["spec"] = federation_id, run_spec_hash(spec.to_dict())

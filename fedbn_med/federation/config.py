@@ -28,8 +28,12 @@ from typing import Any
 from fedbn_med.federation.names import NAME_RULE, check_name, is_plain_name
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 
-__all__ = ["NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
+__all__ = ["APP_HASH_KEY", "NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
            "run_config", "seal_run_config"]
+
+#: The node-config key under which a site node hands its ClientApp the SHA-256 of the
+#: run's FAB, as the node computed it from the bytes it received.
+APP_HASH_KEY = "fedbn-med-app-hash"
 
 #: Folder under ``$FLWR_HOME`` where sealed server settings wait for their ServerApp.
 SEALED_DIR = "fedbn-med-server"

@@ -31,7 +31,7 @@ import httpx
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedbn_med.federation import _flwr_compat as flwr_compat
-from fedbn_med.federation.config import NodeSettings
+from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings
 from fedbn_med.federation.events import Event, NodeFailed, NodeLost, NodeReady, emit, shorten
 from fedbn_med.federation.pacing import Pacer
 from fedbn_med.spec import RUN_CONFIG_KEY
@@ -232,8 +232,11 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
                     pacer.start()
                     continue
                 contexts.clear()
+                # the app's hash as this node computed it: the site's approval pins it
+                app_hash = session.fab_hashes.get(run_id, "")
                 contexts[run_id] = Context(
-                    run_id=run_id, node_id=node_id, node_config=node_config,
+                    run_id=run_id, node_id=node_id,
+                    node_config={**node_config, APP_HASH_KEY: app_hash},
                     state=RecordDict(), run_config=run_config,
                 )
             try:

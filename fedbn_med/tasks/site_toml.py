@@ -38,7 +38,8 @@ DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 #: Keys every task's site file may hold: the site's own privacy policy.
 COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run",
                          "max_message_mb", "message_timeout_s", "max_weight_abs",
-                         "max_model_shift", "training", "approved_specs"})
+                         "max_model_shift", "training", "approved_specs",
+                         "approved_apps"})
 #: Scores (evaluations) a site sends per federation run unless its file says otherwise.
 DEFAULT_MAX_SCORES = 500
 #: The most MiB of one message from the server a site downloads unless its file says
@@ -327,6 +328,8 @@ class SitePolicy:
         How it trains (its ``[training]`` table).
     approved_specs : tuple of str or None
         The SHA-256 hashes of the run specs it runs (``approved_specs``; None: any).
+    approved_apps : tuple of str or None
+        The SHA-256 hashes of the apps (FABs) it runs (``approved_apps``; None: any).
     path : Path or None
         The site file these came from (None: no file, the defaults).
     """
@@ -339,6 +342,7 @@ class SitePolicy:
     max_model_shift: float = DEFAULT_MAX_MODEL_SHIFT
     training: TrainingPolicy = field(default_factory=TrainingPolicy)
     approved_specs: tuple[str, ...] | None = None
+    approved_apps: tuple[str, ...] | None = None
     path: Path | None = None
 
 
@@ -348,6 +352,17 @@ def _site_file(site: str, task: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def _hashes(value: object, key: str, path: Path) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(
+            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
+            for h in value)):
+        raise ValueError(f"Site file {path}: '{key}' must be a list of SHA-256 hashes in hex "
+                         "(as `python -m fedbn_med.federation.approve` prints them).")
+    return tuple(value)
 
 
 def site_policy(site: str, task: str = "abide") -> SitePolicy:
@@ -385,15 +400,11 @@ def site_policy(site: str, task: str = "abide") -> SitePolicy:
     if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not 0 < shift <= 2:
         raise ValueError(f"Site file {path}: 'max_model_shift' must be a number above 0 and "
                          f"at most 2, got {shift!r}.")
-    approved = raw.get("approved_specs")
-    if approved is not None and not (isinstance(approved, list) and all(
-            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
-            for h in approved)):
-        raise ValueError(f"Site file {path}: 'approved_specs' must be a list of SHA-256 "
-                         "hashes in hex (as `python -m fedbn_med.federation.approve` prints "
-                         "them).")
+    approved = {key: _hashes(raw.get(key), key, path)
+                for key in ("approved_specs", "approved_apps")}
     return SitePolicy(epsilon_max=None if ceiling is None else float(ceiling),
-                      approved_specs=None if approved is None else tuple(approved),
+                      approved_specs=approved["approved_specs"],
+                      approved_apps=approved["approved_apps"],
                       max_scores=scores, max_message_bytes=int(mb * (1 << 20)),
                       message_timeout=float(wait), max_weight_abs=float(bound),
                       max_model_shift=float(shift),
