@@ -8,6 +8,7 @@ trainer, on small tensors; the same rules against real processes are in
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,3 +240,23 @@ def test_the_approval_command_prints_an_app_hash(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FEDBN_MED_SITES", str(tmp_path))
     _write(tmp_path, f'approved_apps = ["{digest}"]\n')
     assert site_policy("UCLA").approved_apps == (digest,)
+
+
+def test_the_key_tool_registers_each_site_count(tmp_path, capsys):
+    import importlib.util
+
+    from fedbn_med.federation.consortium import read_registered_counts
+
+    spec = importlib.util.spec_from_file_location(
+        "consortium_keys", Path(__file__).parent.parent / "pipelines" / "consortium_keys.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main(["--out", str(tmp_path / "k"), "--server-host", "127.0.0.1",
+                      "--sites", "NYU,UM", "--counts", "NYU=120,UM=80"]) == 0
+    assert read_registered_counts(tmp_path / "k") == {"NYU": 120, "UM": 80}
+    assert tool.main(["--out", str(tmp_path / "k2"), "--server-host", "127.0.0.1",
+                      "--sites", "NYU,UM", "--counts", "NYU=120"]) == 2
+    assert "missing ['UM']" in capsys.readouterr().err
+    (tmp_path / "k" / "counts.json").write_text('{"NYU": "root:x:0:0"}')
+    with pytest.raises(ValueError, match=r"must map plain site names .* to whole numbers"):
+        read_registered_counts(tmp_path / "k")
