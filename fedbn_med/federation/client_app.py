@@ -410,6 +410,7 @@ def _refusal(site: str, strategy: str) -> str:
 
 
 Handler = Callable[[Message, Context], Message]
+_AUDIT_LOGS: dict[Path, AuditLog] = {}
 
 
 def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]:
@@ -432,7 +433,10 @@ def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]
             facts["round"] = rnd
     except (ValueError, TypeError, KeyError):
         pass
-    return AuditLog(Path(node.state_dir) / f"{node.site}.audit.jsonl"), facts
+    path = Path(node.state_dir) / f"{node.site}.audit.jsonl"
+    if path not in _AUDIT_LOGS:  # one per site: its last hash is read from disk once
+        _AUDIT_LOGS[path] = AuditLog(path)
+    return _AUDIT_LOGS[path], facts
 
 
 def _reply_facts(reply: Message) -> dict[str, object]:
