@@ -46,14 +46,16 @@ class Consortium:
 
 
 @contextmanager
-def keyed_federation(root: Path, names: Sequence[str]) -> Iterator[Consortium]:
+def keyed_federation(root: Path, names: Sequence[str],
+                     counts: dict[str, int] | None = None) -> Iterator[Consortium]:
     """Start a SuperLink with TLS and node authentication, with every site's key registered.
 
     The site host preloads the ABIDE task only (the tests here train nothing else). The
     keys are registered side by side: each registration is a ``flwr`` CLI process of its
-    own, which takes seconds to start.
+    own, which takes seconds to start. ``counts``: training examples registered with the
+    sites' keys (the server reads them, :func:`run_federation`).
     """
-    keys = create_consortium(root / "keys", ["127.0.0.1"], list(names))
+    keys = create_consortium(root / "keys", ["127.0.0.1"], list(names), counts=counts)
     tls = TlsFiles(keys.ca_cert, keys.server_cert, keys.server_key)
     with LocalFederation(root / "fed", tls=tls, node_auth=True) as fed:
         fed.start_site_host(threads=1, preload=["abide"])
@@ -117,11 +119,14 @@ def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300
     ``server`` are :class:`ServerSettings` fields (``wait_timeout`` defaults to 60 s);
     the MLflow store is ``<root>/mlflow.db``. A run that fails gives ``{"error": ...}``.
     """
+    from fedbn_med.federation.consortium import read_registered_counts
+
     from .stores import sqlite_store  # not at the top: a wrapped node imports this file
 
     workdir = c.root / name
     settings = ServerSettings(**{
         "workdir": workdir, "federation_id": name, "node_sites": c.node_sites,
+        "registered_counts": read_registered_counts(c.keys.ca_cert.parent),
         "tracking_uri": sqlite_store(c.root / "mlflow.db"), "wait_timeout": 60.0,
         **server})
     events: list[dict] = []

@@ -1,7 +1,10 @@
 """Create a consortium's CA, the server certificate and one key pair per site.
 
     python pipelines/consortium_keys.py --out keys/ --server-host fl.consortium.example
-        --sites NYU,UM,UCLA
+        --sites NYU,UM,UCLA --counts NYU=120,UM=80,UCLA=60
+
+``--counts`` registers each site's number of training examples with its key
+(``counts.json``): the server then weighs a site by at most that count, whatever it claims.
 
 Then on the server: ``--serve --tls-dir keys/`` registers every site's public key; each
 site gets its ``<SITE>.key`` and ``ca.pem`` (the command prints who gets what).
@@ -26,17 +29,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="name or IP the sites dial (repeat for several)")
     p.add_argument("--sites", required=True, help="comma-separated site names")
     p.add_argument("--days", type=int, default=365, help="validity of the certificates (365)")
+    p.add_argument("--counts", default=None,
+                   help="SITE=N,...: each site's training examples, registered with its key")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments, write the files, print the handout."""
     args = build_parser().parse_args(argv)
-    from fedbn_med.federation.consortium import create_consortium
+    from fedbn_med.federation.consortium import create_consortium, parse_counts
 
     sites = [s.strip() for s in args.sites.split(",") if s.strip()]
     try:
-        files = create_consortium(args.out, args.server_host, sites, days=args.days)
+        counts = None if args.counts is None else parse_counts(args.counts)
+        files = create_consortium(args.out, args.server_host, sites, days=args.days,
+                                  counts=counts)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -21,10 +21,14 @@ from typing import Any
 
 import httpx
 
-__all__ = ["ContentsRefused", "ContentsTooLarge", "ObjectCap", "cap_object_pulls"]
+__all__ = ["ContentsRefused", "ContentsTooLarge", "ObjectCap", "cap_fab_pulls",
+           "cap_object_pulls"]
 
 #: The path every Flower pull-object call ends with (Fleet and runtime APIs alike).
 PULL_OBJECT_PATH = "/pull-object"
+#: The path of Flower's get-fab call: its response (the run's FAB) is capped too, at
+#: :data:`fedbn_med.federation.fab.MAX_FAB_BYTES`.
+GET_FAB_PATH = "/get-fab"
 #: Bytes a pull-object response may hold beyond the object itself (its framing).
 FRAMING = 64 * 1024
 
@@ -63,8 +67,12 @@ class ObjectCap:
         self.limit: int | None = None
 
     def __call__(self, response: httpx.Response) -> None:
-        cap = self.limit
-        if cap is None or not response.request.url.path.endswith(PULL_OBJECT_PATH):
+        from fedbn_med.federation.fab import MAX_FAB_BYTES
+
+        path = response.request.url.path
+        cap = (MAX_FAB_BYTES if path.endswith(GET_FAB_PATH)
+               else self.limit if path.endswith(PULL_OBJECT_PATH) else None)
+        if cap is None:
             return
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
@@ -75,6 +83,16 @@ class ObjectCap:
         if declared.isdigit() and int(declared) > cap + FRAMING:
             raise ContentsTooLarge(f"its contents exceed the {cap} bytes")
         response.stream = _CappedStream(response.stream, cap)
+
+
+def cap_fab_pulls(client: httpx.Client) -> ObjectCap:
+    """Install the cap on ``client`` if it has none (its per-object limit unchanged).
+
+    Every get-fab response is then capped at the FAB bound while it arrives.
+    """
+    hooks = client.event_hooks
+    cap = next((h for h in hooks.get("response", []) if isinstance(h, ObjectCap)), None)
+    return cap if cap is not None else cap_object_pulls(client, None)
 
 
 def cap_object_pulls(client: httpx.Client, limit: int | None) -> ObjectCap:

@@ -23,6 +23,7 @@ checks every internal named here and says what changed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import threading
@@ -34,10 +35,17 @@ from typing import Any, cast
 
 import httpx
 
-from fedbn_med.federation._bounded_http import ContentsRefused, ContentsTooLarge, cap_object_pulls
+from fedbn_med.federation._bounded_http import (
+    ContentsRefused,
+    ContentsTooLarge,
+    cap_fab_pulls,
+    cap_object_pulls,
+)
+from fedbn_med.federation.fab import check_fab
 
 __all__ = [
-    "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsTooLarge", "FleetSession",
+    "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsRefused", "ContentsTooLarge",
+    "FleetSession",
     "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config", "pull_available",
     "set_message_id",
     # flwr internals passed on to the server's side of the door, _flwr_replies
@@ -188,7 +196,12 @@ def set_message_id(message: Message, object_id: str) -> None:
 
 
 def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
-    """Return the run config of ``run``: the app's defaults with the run's overrides."""
+    """Return the run config of ``run``: the app's defaults with the run's overrides.
+
+    The FAB is checked first (:func:`fedbn_med.federation.fab.check_fab`): an archive
+    that would inflate beyond the site's bounds is refused before any of it is read.
+    """
+    check_fab(fab_content)
     return dict(get_fused_config_from_fab(fab_content, run))
 
 
@@ -223,6 +236,9 @@ class FleetSession:
         private_key, public_key = authentication_keys or generate_key_pairs()
         self._public_key = public_key_to_bytes(public_key)
         self._forgotten = threading.Event()
+        #: run ID -> the SHA-256 of its FAB as this node received it (computed here, not
+        #: taken from the server's word)
+        self.fab_hashes: dict[int, str] = {}
         self._invoker = RetryInvoker(
             lambda: exponential(max_delay=MAX_RETRY_DELAY), _RETRY_ERRORS, max_tries=None,
             max_time=max_wait_time, should_giveup=self._should_giveup)
@@ -334,9 +350,12 @@ class FleetSession:
         """Return the fused run config of a run (its app's defaults plus overrides)."""
         run = run_from_proto(self._call(self._client.GetRun,
                                         GetRunRequest(node=self.node, run_id=run_id)).run)
+        cap_fab_pulls(self._client._client)  # noqa: SLF001 - the FAB bounded as it arrives
         fab = fab_from_proto(self._call(self._client.GetFab, GetFabRequest(
             node=self.node, hash_str=run.fab_hash, run_id=run_id)).fab)
-        return fused_run_config(fab.content, run)
+        config = fused_run_config(fab.content, run)
+        self.fab_hashes[run_id] = hashlib.sha256(fab.content).hexdigest()
+        return config
 
     def pull_message(self, run_id: int, tree: Any, *, max_bytes: int, max_objects: int,
                      timeout: float) -> Message:

@@ -21,7 +21,17 @@ back from the scores. A site therefore scores only models it can account for:
 - at most ``max_scores_per_run`` scores per federation (its site file, default 500);
 - at bounded precision (:data:`~fedbn_med.fl.release.SCORE_DECIMALS` decimals, losses capped
   at :data:`~fedbn_med.fl.release.MAX_LOSS`; the in-process engine records the same);
-- under client-level DP, not at all: the DP budget covers the updates, not the scores.
+- under client-level DP, not at all: the DP budget covers the updates, not the scores
+  (nor the training loss, which a DP site does not send either).
+
+Before it computes anything on a model the server sent (training or scoring), a site
+refuses one that no honest server sends (:meth:`SiteRuntime.check_model`): non-finite
+values, values beyond its bound, all-zero or constant layers, and, without DP, a model
+that is no aggregate of the update it sent last (:mod:`fedbn_med.fl.model_checks`). It
+trains with its own settings or within its own bounds (``[training]`` in its site file),
+runs only the run specs it approved when it pins them (``approved_specs``), never writes
+nor sends non-finite state, and logs what came in and what left in its hash-chained
+audit trail (:mod:`fedbn_med.federation.audit`). See ``docs/threat-model.md``.
 
 Its DP spending is kept across federations (:class:`~fedbn_med.fl.privacy.PrivacyLedger`,
 ``<state-dir>/<site>.dp_ledger.json``); a run, or a round, that would take it above the site
@@ -30,23 +40,29 @@ file's ``dp_epsilon_max`` is refused.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
-from fedbn_med.federation.config import NodeSettings, read_site_config
+from fedbn_med.federation.audit import AuditLog, run_spec_hash, tensor_facts
+from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
 from fedbn_med.fl.hooks import split_site_state
+from fedbn_med.fl.model_checks import hostile_model_reason, nonfinite_keys, shift_reason
 from fedbn_med.fl.partition import select
 from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
 from fedbn_med.fl.rounds import plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls
+from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 from fedbn_med.tasks.site_toml import SitePolicy, site_policy
 from fedbn_med.training.trainer import SiteTrainer
@@ -78,6 +94,13 @@ class SiteRuntime:
     scores: int = 0
     #: the hash of the weights it last scored and the scores it sent for them
     last_scored: tuple[str, dict[str, float]] | None = None
+    #: what it sent last in this federation (None: nothing yet), on its disk too
+    own: dict | None = None
+
+    @property
+    def sent_path(self) -> Path:
+        """Return where this site keeps its last sent update (this federation's folder)."""
+        return self.state_path.with_name(f"{self.state_path.stem}.sent.safetensors")
 
     @property
     def kept_keys(self) -> frozenset[str]:
@@ -133,9 +156,54 @@ class SiteRuntime:
         self.trained = set(trained) | ({rnd} if rnd > 0 else set())
         self.scored_through, self.scores = scored_through, scores
         self.last_scored = last_scored
+        if self.sent_path.exists():
+            self.own = load_tensors(self.sent_path)[0]
         logger.info("Site %s resumed its private state of round %d from %s",
                     self.trainer.site, rnd, self.state_path)
         return rnd
+
+    # -- what comes in -------------------------------------------------------------------
+    def check_model(self, weights: dict, what: str) -> None:
+        """Refuse a global model no honest server sends, before any computation on it.
+
+        Non-finite values, values beyond the site's bound, all-zero or constant layers
+        (:func:`~fedbn_med.fl.model_checks.hostile_model_reason`); and, once this site has
+        sent an update in this federation without DP, a model that is not plausibly an
+        aggregate of it (:func:`~fedbn_med.fl.model_checks.shift_reason`).
+        """
+        site, policy = self.trainer.site, self.policy
+        reason = hostile_model_reason(weights, policy.max_weight_abs)
+        if reason is None and self.own is not None and self.trainer.privacy is None:
+            reason = shift_reason(weights, self.own, policy.max_model_shift)
+        if reason is not None:
+            raise PermissionError(_refused(
+                f"Site {site} refuses the model of {what} message before computing "
+                f"anything on it: {reason}."))
+
+    def fit(self, weights: dict, config: dict, control: dict) -> tuple[dict, int, dict]:
+        """Train one round; refuse (and undo) a round that gave any non-finite value.
+
+        A site never writes, nor sends, non-finite state: its private layers go back to
+        what they were before the round, and nothing is saved.
+        """
+        trainer = self.trainer
+        before = {k: v.detach().clone() for k, v in self.kept_state().items()}
+        trained_before = trainer.rounds_trained
+        sent, n, fit = trainer.fit(weights, config, control)
+        bad = nonfinite_keys({**self.kept_state(), **sent})
+        if bad:
+            trainer.load_kept(before)
+            trainer.rounds_trained = trained_before
+            raise ValueError(_refused(
+                f"Site {trainer.site}: training in round {config.get('round')} gave "
+                f"non-finite values in {bad[:3]}; nothing is sent, and the site keeps its "
+                f"private state of round {trained_before}."))
+        return sent, n, fit
+
+    def keep_sent(self, sent: dict) -> None:
+        """Remember (in memory and on disk, atomically) the update this site sent."""
+        self.own = {k: v.detach().clone() for k, v in sent.items()}
+        save_tensors(self.sent_path, self.own, {"site": self.trainer.site})
 
     # -- what leaves the site ------------------------------------------------------------
     def score_refusal(self, aggregate_round: int) -> str | None:
@@ -275,6 +343,12 @@ def runtime(context: Context) -> SiteRuntime:
                 f"Site {node.site} does not run strategy '{config.strategy}': it reads every "
                 "site's data in one place, which a site never does for a federation.")
         policy = site_policy(node.site, config.task)
+        _check_approved(node.site, config, policy,
+                        str(context.node_config.get(APP_HASH_KEY, "")))
+        try:  # the site decides how it trains: its values, or the run's within its bounds
+            config = policy.training.apply(config)
+        except PermissionError as err:
+            raise PermissionError(_refused(f"Site {node.site} refuses this run: {err}")) from None
         state_path = node.state_path(federation_id)
         ledger = PrivacyLedger(Path(node.state_dir) / f"{node.site}.dp_ledger.json", node.site)
         task = get_task(config.task)
@@ -286,12 +360,39 @@ def runtime(context: Context) -> SiteRuntime:
         rt = SiteRuntime(trainer=trainer, state_path=state_path, federation_id=federation_id,
                          policy=policy, ledger=ledger)
         rt.restore()
+        _check_delta(trainer)
         rt.check_budget(config.rounds)
         _SETUPS["count"] += 1
         rt.setups = _SETUPS["count"]
         _RUNTIMES.clear()  # one run at a time per site process
         _RUNTIMES[key] = rt
     return _RUNTIMES[key]
+
+
+def _check_approved(site: str, spec: RunSpec, policy: SitePolicy, app_hash: str) -> None:
+    # a site with approved_specs / approved_apps runs only those: pinned by hash, the
+    # refusal naming both
+    for what, approved, digest, key, how in (
+            ("run spec", policy.approved_specs, run_spec_hash(spec.to_dict()),
+             "approved_specs", "`python -m fedbn_med.federation.approve SPEC.json`"),
+            ("app (FAB)", policy.approved_apps, app_hash, "approved_apps",
+             "`python -m fedbn_med.federation.approve --fab APP.fab`")):
+        if approved is not None and digest not in approved:
+            raise PermissionError(_refused(
+                f"Site {site} refuses this run: its {what}'s hash is {digest or 'unknown'}, "
+                f"and the site approved only {', '.join(approved) or 'none'} ({key} in "
+                f"{policy.path}). {how} prints the hash a site approves."))
+
+
+def _check_delta(trainer: SiteTrainer) -> None:
+    # delta is the chance the guarantee fails outright: well below 1/n, or one record in
+    # n may be told outright
+    privacy, n = trainer.privacy, int(trainer.data.num_train)
+    if privacy is not None and n > 0 and privacy.delta * n > 0.1:
+        raise PermissionError(_refused(
+            f"Site {trainer.site} refuses this run: its DP delta {privacy.delta:g} is not "
+            f"well below 1/n for its {n} training examples (it must be at most "
+            f"{0.1 / n:.2g}, a tenth of 1/n)."))
 
 
 def _refused(reason: str) -> str:
@@ -308,7 +409,72 @@ def _refusal(site: str, strategy: str) -> str:
     return reason
 
 
+Handler = Callable[[Message, Context], Message]
+_AUDIT_LOGS: dict[Path, AuditLog] = {}
+
+
+def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]:
+    """Return the site's audit log and what the message says of itself (never values)."""
+    try:
+        node = NodeSettings.from_node_config(context.node_config)
+    except (ValueError, TypeError, KeyError):
+        return None, {}
+    facts: dict[str, object] = {"message": str(msg.metadata.message_type),
+                                "run": int(context.run_id),
+                                "app": str(context.node_config.get(APP_HASH_KEY, ""))}
+    try:
+        spec, federation_id = read_site_config(context.run_config)
+        facts["federation"], facts["spec"] = federation_id, run_spec_hash(spec.to_dict())
+    except (ValueError, TypeError, KeyError):
+        facts["spec"] = "unreadable"
+    try:
+        rnd = unpack(msg.content).section("config").get("round")
+        if isinstance(rnd, int) and not isinstance(rnd, bool):
+            facts["round"] = rnd
+    except (ValueError, TypeError, KeyError):
+        pass
+    path = Path(node.state_dir) / f"{node.site}.audit.jsonl"
+    if path not in _AUDIT_LOGS:  # one per site: its last hash is read from disk once
+        _AUDIT_LOGS[path] = AuditLog(path)
+    return _AUDIT_LOGS[path], facts
+
+
+def _reply_facts(reply: Message) -> dict[str, object]:
+    payload = unpack(reply.content)
+    out: dict[str, object] = {"tensors": tensor_facts(payload.tensors)}
+    for section in ("metrics", "eval"):
+        if section in payload.sections:
+            out[section] = sorted(payload.floats(section))  # names only
+    metrics = payload.floats("metrics") if "metrics" in payload.sections else {}
+    for key in ("dp_epsilon", "dp_noise", "dp_clip", "dp_delta"):
+        if key in metrics:
+            out[key] = metrics[key]
+    return out
+
+
+def _audited(handler: Handler) -> Handler:
+    """Log what ``handler`` received and what it sent, or why it refused, in the audit log."""
+
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        log, facts = _audit_facts(msg, context)
+        try:
+            reply = handler(msg, context)
+        except Exception as err:
+            if log is not None:
+                log.append("received", **facts, refused=f"{type(err).__name__}: {err}"[:400])
+            raise
+        if log is not None:
+            log.append("received", **facts)
+            log.append("sent", **{k: v for k, v in facts.items() if k != "message"},
+                       **_reply_facts(reply))
+        return reply
+
+    return wrapped
+
+
 @app.query()
+@_audited
 def query(msg: Message, context: Context) -> Message:
     """Tell the server who this site is and what its data look like."""
     rt = runtime(context)
@@ -324,6 +490,7 @@ def query(msg: Message, context: Context) -> Message:
 
 
 @app.train()
+@_audited
 def train(msg: Message, context: Context) -> Message:
     """Evaluate the incoming global weights if asked, then train and send the update."""
     rt = runtime(context)
@@ -332,6 +499,15 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
     sections: dict[str, dict] = {}
     weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
+    rt.check_model(weights, "a train")
+    asked = cfg.get("local-epochs")
+    epochs: object = None
+    if asked is not None:
+        try:
+            epochs = rt.policy.training.value("local_epochs", asked)
+        except PermissionError as err:
+            raise PermissionError(_refused(f"Site {rt.trainer.site} refuses round {rnd}: "
+                                           f"{err}")) from None
     if bool(cfg.get("evaluate-first", False)):
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation,
@@ -347,20 +523,25 @@ def train(msg: Message, context: Context) -> Message:
     # this site's private layers now are those of round rnd - 1: kept with the best's
     keep_rounds(rt.state_path, rt.kept_state(), rnd - 1, cfg.get("selected-round"))
     rt.check_release()
-    epochs = cfg.get("local-epochs")
-    plan = plan_round(rnd, local_epochs=None if epochs is None else int(epochs))  # type: ignore[arg-type]
-    weights, n, fit = rt.trainer.fit(weights, plan.trainer_config(), control)
+    plan = plan_round(rnd, local_epochs=None if epochs is None else int(cast(int, epochs)))
+    weights, n, fit = rt.fit(weights, plan.trainer_config(), control)
     rt.record_release()
     rt.trained.add(rnd)
     digest = rt.save(rnd)
-    sections["metrics"] = _numbers({"num-examples": n, **bounded_fit(fit),
-                                    "setups": rt.setups})
+    rt.keep_sent(weights)
+    released = bounded_fit(fit)
+    if rt.trainer.privacy is not None:
+        # Un-noised, the training loss of crafted weights reads BN shifts back: under DP
+        # everything data-dependent that leaves the site is the noised update alone.
+        released.pop("train_loss", None)
+    sections["metrics"] = _numbers({"num-examples": n, **released, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
                    reply_to=msg)
 
 
 @app.evaluate()
+@_audited
 def evaluate(msg: Message, context: Context) -> Message:
     """Score the final global weights on this site's validation and test splits.
 
@@ -374,6 +555,7 @@ def evaluate(msg: Message, context: Context) -> Message:
         raise ValueError(f"Site {rt.trainer.site} refuses an evaluate message whose round is "
                          f"{rnd!r}: expected the round of the model it carries.")
     weights = split_controls(payload.tensors)[0]
+    rt.check_model(weights, "an evaluate")
     again = rt.scores_again(weights, rnd)
     if again is not None:
         return Message(pack(metrics=_numbers(again)), reply_to=msg)

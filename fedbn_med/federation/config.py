@@ -28,8 +28,12 @@ from typing import Any
 from fedbn_med.federation.names import NAME_RULE, check_name, is_plain_name
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
 
-__all__ = ["NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
+__all__ = ["APP_HASH_KEY", "NodeSettings", "ServerSettings", "read_run_config", "read_site_config",
            "run_config", "seal_run_config"]
+
+#: The node-config key under which a site node hands its ClientApp the SHA-256 of the
+#: run's FAB, as the node computed it from the bytes it received.
+APP_HASH_KEY = "fedbn-med-app-hash"
 
 #: Folder under ``$FLWR_HOME`` where sealed server settings wait for their ServerApp.
 SEALED_DIR = "fedbn-med-server"
@@ -94,6 +98,9 @@ class ServerSettings:
     node_sites : dict of str to str
         Node ID (as text) to site name, from the consortium's key list: with node
         authentication a node's key says which site it is. Empty: no key list.
+    registered_counts : dict of str to int
+        Each site's training examples as registered with its key (the consortium's
+        ``counts.json``): a site weighs at most this in an average. Empty: none.
     """
 
     workdir: Path
@@ -107,6 +114,7 @@ class ServerSettings:
     allow_join: bool = False
     input_shape: tuple[int, ...] = ()
     node_sites: dict[str, str] = dataclasses.field(default_factory=dict)
+    registered_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -119,6 +127,11 @@ class ServerSettings:
                 for n, s in self.node_sites.items()):
             raise ValueError("node_sites must map node IDs (digits) to plain site names, got "
                              f"{self.node_sites!r}.")
+        if not isinstance(self.registered_counts, dict) or not all(
+                is_plain_name(s) and isinstance(n, int) and not isinstance(n, bool) and n >= 1
+                for s, n in self.registered_counts.items()):
+            raise ValueError("registered_counts must map plain site names to whole numbers "
+                             f">= 1, got {self.registered_counts!r}.")
         if not isinstance(self.min_sites, int) or self.min_sites < 0:
             raise ValueError(f"min_sites must be an integer >= 0, got {self.min_sites!r}.")
         for name in ("wait_timeout", "round_timeout"):

@@ -23,10 +23,14 @@ from cryptography.x509.oid import NameOID
 
 from fedbn_med.federation.names import LOOPBACK_HOSTS, NAME_RULE, is_plain_name
 
-__all__ = ["ConsortiumFiles", "create_consortium", "read_site_keys",
-           "site_keys_path"]
+__all__ = ["ConsortiumFiles", "create_consortium", "parse_counts", "read_registered_counts",
+           "read_site_keys", "registered_counts_path", "site_keys_path"]
 
 SITE_KEYS = "sites.json"
+#: Each site's training-example count, registered when its key is issued.
+REGISTERED_COUNTS = "counts.json"
+#: The largest count a site may register (the server's own bound on a claimed count).
+_MAX_COUNT = 10**7
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,76 @@ def read_site_keys(tls_dir: str | Path) -> dict[str, str]:
     return keys
 
 
+def registered_counts_path(tls_dir: str | Path) -> Path:
+    """Return the consortium's registered example counts (``counts.json``)."""
+    return Path(tls_dir) / REGISTERED_COUNTS
+
+
+def read_registered_counts(tls_dir: str | Path) -> dict[str, int]:
+    """Return ``{site: training examples}`` registered with the sites' keys.
+
+    The server weighs each site by at most its registered count, and caps shares against
+    registered counts, never against what other sites claim in a round. Empty when the
+    consortium registered no counts.
+
+    Raises
+    ------
+    ValueError
+        When the file is not ``{"SITE": whole number from 1 to 10**7}``.
+    """
+    path = registered_counts_path(tls_dir)
+    if not path.is_file():
+        return {}
+    try:
+        counts = json.loads(path.read_text())
+    except json.JSONDecodeError as err:  # its position only: never the file's contents
+        raise ValueError(f"Registered counts {path} are not valid JSON (line {err.lineno}, "
+                         f"column {err.colno}).") from None
+    if not isinstance(counts, dict) or not all(
+            is_plain_name(k) and isinstance(v, int) and not isinstance(v, bool)
+            and 1 <= v <= _MAX_COUNT for k, v in counts.items()):
+        raise ValueError(f"Registered counts {path} must map plain site names ({NAME_RULE}) "
+                         f"to whole numbers of training examples from 1 to {_MAX_COUNT}.")
+    return counts
+
+
+def parse_counts(text: str) -> dict[str, int]:
+    """Return ``{site: count}`` from ``"NYU=120,UM=80"`` (the key tool's ``--counts``).
+
+    Examples
+    --------
+    >>> parse_counts("NYU=120, UM=80")
+    {'NYU': 120, 'UM': 80}
+    """
+    counts: dict[str, int] = {}
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        site, _, value = item.partition("=")
+        if not value.strip().isdigit():
+            raise ValueError(f"--counts takes SITE=N pairs separated by commas (N a whole "
+                             f"number of training examples), got {item!r}.")
+        counts[site.strip()] = int(value)
+    return counts
+
+
+def _check_counts(counts: dict[str, int], sites: Sequence[str]) -> None:
+    missing = [s for s in sites if s not in counts]
+    extra = sorted(set(counts) - set(sites))
+    bad = {s: n for s, n in counts.items() if isinstance(n, bool) or not isinstance(n, int)
+           or not 1 <= n <= _MAX_COUNT}
+    if missing or extra or bad:
+        raise ValueError(f"Registered counts must give every site ({', '.join(sites)}) a "
+                         f"whole number of training examples from 1 to {_MAX_COUNT}; missing "
+                         f"{missing}, unknown {extra}, out of range {bad}.")
+
+
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedbn-med consortium"),
                       x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
 def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: Sequence[str],
-                      *, days: int = 365) -> ConsortiumFiles:
+                      *, days: int = 365, counts: dict[str, int] | None = None
+                      ) -> ConsortiumFiles:
     """Create the CA, the server certificate (for ``server_hosts``) and a key per site.
 
     Parameters
@@ -113,6 +180,11 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         Names or IP addresses the sites use to reach the server (its certificate's SANs).
     sites : sequence of str
         Site names; each gets ``<site>.key`` (OpenSSH private key) and ``<site>.pub``.
+    days : int
+        Validity of the certificates.
+    counts : dict of str to int, optional
+        Each site's number of training examples, registered with its key
+        (``counts.json``): the server weighs a site by at most this, whatever it claims.
     """
     if not server_hosts:
         raise ValueError("Name at least one server host (e.g. fl.consortium.example).")
@@ -122,6 +194,8 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
     if bad or len(set(sites)) != len(sites):
         raise ValueError(f"Site names must be distinct and plain ({NAME_RULE}); got "
                          f"{list(sites)}.")
+    if counts is not None:
+        _check_counts(counts, sites)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     existing = [p.name for p in out.iterdir()]
@@ -186,4 +260,7 @@ def create_consortium(out_dir: str | Path, server_hosts: Sequence[str], sites: S
         _write(bundle / private.name, private.read_bytes(), True)
         shutil.copyfile(files.ca_cert, bundle / files.ca_cert.name)
         files.bundles[site] = bundle
+    if counts is not None:
+        _write(registered_counts_path(out),
+               (json.dumps(dict(counts), indent=1) + "\n").encode(), False)
     return files

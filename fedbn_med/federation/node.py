@@ -31,7 +31,7 @@ import httpx
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 
 from fedbn_med.federation import _flwr_compat as flwr_compat
-from fedbn_med.federation.config import NodeSettings
+from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings
 from fedbn_med.federation.events import Event, NodeFailed, NodeLost, NodeReady, emit, shorten
 from fedbn_med.federation.pacing import Pacer
 from fedbn_med.federation.site_console import SiteConsole
@@ -240,10 +240,24 @@ def _serve(session: flwr_compat.FleetSession, node_id: int, client_app, node_con
         run_id = head.metadata.run_id
         try:
             if run_id not in contexts:
+                try:
+                    run_config = session.run_config(run_id)
+                except (ValueError, flwr_compat.ContentsRefused) as err:
+                    # a FAB over the site's bounds: refused unread, the node serves on
+                    logger.warning("Site %s refused run %d's FAB: %s",
+                                   node_config.get("site"), run_id, err)
+                    session.push_reply(run_id, Message(Error(
+                        code=flwr_compat.MESSAGE_REFUSED,
+                        reason=f"site refused the run's FAB: {err}"), reply_to=head), 0.0)
+                    pacer.start()
+                    continue
                 contexts.clear()
+                # the app's hash as this node computed it: the site's approval pins it
+                app_hash = session.fab_hashes.get(run_id, "")
                 contexts[run_id] = Context(
-                    run_id=run_id, node_id=node_id, node_config=node_config,
-                    state=RecordDict(), run_config=session.run_config(run_id),
+                    run_id=run_id, node_id=node_id,
+                    node_config={**node_config, APP_HASH_KEY: app_hash},
+                    state=RecordDict(), run_config=run_config,
                 )
             try:
                 message = pull(run_id, tree)

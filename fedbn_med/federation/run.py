@@ -183,15 +183,17 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
     site's public key comes from the consortium's key list (``sites.json``) and is
     registered here, so the server knows which node is which site.
     """
-    from fedbn_med.federation.consortium import read_site_keys
+    from fedbn_med.federation.consortium import read_registered_counts, read_site_keys
     from fedbn_med.federation.launcher import free_port
 
     options.workdir.mkdir(parents=True, exist_ok=True)
     with LocalFederation(options.workdir, tls=options.tls, node_auth=options.node_auth) as fed:
         fed.start_superlink()
         node_sites: dict[str, str] = {}
+        counts: dict[str, int] = {}
         if options.node_auth and options.tls is not None:
             keys = read_site_keys(options.tls.ca_cert.parent)
+            counts = read_registered_counts(options.tls.ca_cert.parent)
             missing = [s for s in config.sites if s not in keys]
             if missing:
                 raise ValueError(f"The consortium's key list has no key for sites "
@@ -210,7 +212,8 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
                       f"up to {options.server.wait_timeout:.0f} s for sites "
                       f"{', '.join(config.sites)}")
         try:
-            settings = dataclasses.replace(options.server, node_sites=node_sites)
+            settings = dataclasses.replace(options.server, node_sites=node_sites,
+                                           registered_counts=counts)
             run = fed.submit(run_config(config, settings), results_dir=options.workdir)
             return fed.watch(run, on_event=progress, results_dir=options.workdir)
         finally:

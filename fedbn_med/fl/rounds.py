@@ -171,7 +171,7 @@ def close_round(
     strategy: Strategy, global_weights: Mapping[str, torch.Tensor], replies: Sequence[Reply],
     private_keys: Iterable[str] = (), *, control: Mapping[str, torch.Tensor] | None = None,
     n_sites: int | None = None, weighting: str = "samples", max_share: float | None = None,
-    norm_reference: float = 0.0,
+    norm_reference: float = 0.0, registered: Mapping[str, int] | None = None,
 ) -> RoundOutcome:
     """Check every reply, leave out the unsound ones, and average the rest.
 
@@ -202,6 +202,9 @@ def close_round(
         The previous round's :attr:`RoundOutcome.norm_reference` (0 in the first round):
         the outlier rule's floor is
         :data:`~fedbn_med.fl.reply_checks.HISTORY_SHARE` of it.
+    registered : mapping of str to int, optional
+        Training-example counts registered with the sites' keys: a site weighs at most
+        its own, and ``max_share`` is measured against the others' registered counts.
 
     Returns
     -------
@@ -258,7 +261,8 @@ def close_round(
     kept = [r for r, _ in sound if r.site in outcome.accepted]
     if not kept:
         return outcome
-    weights = site_weights({r.site: int(r.num_examples) for r in kept}, weighting, max_share)
+    weights = site_weights({r.site: int(r.num_examples) for r in kept}, weighting, max_share,
+                           registered)
     total = sum(weights.values())
     outcome.shares = {site: w / total for site, w in weights.items()}
     outcome.norm_reference = max(norm_reference,

@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedbn_med.federation.names import check_name
+from fedbn_med.fl.model_checks import DEFAULT_MAX_MODEL_SHIFT, DEFAULT_MAX_WEIGHT_ABS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
     from fedbn_med.fl.privacy import SitePrivacy
 
 __all__ = ["COMMON_KEYS", "DEFAULT_MAX_MESSAGE_MB", "DEFAULT_MAX_SCORES",
-           "DEFAULT_MESSAGE_TIMEOUT_S", "DP_KEYS", "SitePolicy",
+           "DEFAULT_MESSAGE_TIMEOUT_S", "DP_KEYS", "MIN_DP_CLIP", "MAX_DP_DELTA", "SitePolicy",
+           "TRAINING_BOUNDS", "TrainingPolicy",
            "read_site_file", "share_private_layers", "site_path", "site_policy",
            "site_privacy", "site_seed_and_device", "sites_dir"]
 
@@ -34,7 +36,9 @@ __all__ = ["COMMON_KEYS", "DEFAULT_MAX_MESSAGE_MB", "DEFAULT_MAX_SCORES",
 DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 #: Keys every task's site file may hold: the site's own privacy policy.
 COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run",
-                         "max_message_mb", "message_timeout_s"})
+                         "max_message_mb", "message_timeout_s", "max_weight_abs",
+                         "max_model_shift", "training", "approved_specs",
+                         "approved_apps"})
 #: Scores (evaluations) a site sends per federation run unless its file says otherwise.
 DEFAULT_MAX_SCORES = 500
 #: The most MiB of one message from the server a site downloads unless its file says
@@ -42,6 +46,11 @@ DEFAULT_MAX_SCORES = 500
 DEFAULT_MAX_MESSAGE_MB = 512
 #: Seconds a site waits for a message's contents to arrive before it refuses the message.
 DEFAULT_MESSAGE_TIMEOUT_S = 60.0
+#: The smallest clip norm a site file may set: below it, an update is all noise, or the
+#: accountant's arithmetic loses its meaning (``5e-324`` was accepted before issue 44).
+MIN_DP_CLIP = 1e-6
+#: The largest delta a site file may set: well below 1/n for any site's n examples.
+MAX_DP_DELTA = 1e-3
 #: numpy's and torch's generators take seeds below 2**32.
 _MAX_SEED = 2**32 - 1
 
@@ -113,6 +122,14 @@ def site_privacy(raw: dict[str, object], path: Path) -> SitePrivacy | None:
         values[key[3:]] = float(value)
     if not values:
         return None
+    clip, delta = values.get("clip"), values.get("delta")
+    if clip is not None and not (MIN_DP_CLIP <= clip <= 1e6):
+        raise ValueError(f"Site file {path}: 'dp_clip' must be from {MIN_DP_CLIP:g} to 1e6 (the "
+                         f"norm each update is clipped to), got {clip!r}.")
+    if delta is not None and not (0 < delta <= MAX_DP_DELTA):
+        raise ValueError(f"Site file {path}: 'dp_delta' must be above 0 and at most "
+                         f"{MAX_DP_DELTA:g} (well below 1/n for a site's n examples), got "
+                         f"{delta!r}.")
     try:  # each value validated as a run's would be (clip > 0, delta in (0, 1), ...)
         UpdatePrivacy(clip=values.get("clip", 1.0), noise=values.get("noise", 1.0),
                       delta=values.get("delta", 1e-5))
@@ -151,6 +168,144 @@ def site_seed_and_device(raw: dict[str, object], path: Path) -> tuple[int, str]:
     return seed, device
 
 
+#: What a site's ``[training]`` table may decide, with the bounds a site without one keeps:
+#: a server's value outside them is refused (``lr = 1e-12`` in an operator's run spec).
+TRAINING_BOUNDS: dict[str, tuple[float, float]] = {
+    "lr": (1e-6, 1.0), "weight_decay": (0.0, 1.0), "dropout": (0.0, 0.9),
+    "local_epochs": (1, 100), "batch_size": (2, 4096)}
+#: The optimisers a site may name (those of :mod:`fedbn_med.training.optim`).
+_OPTIMISERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class TrainingPolicy:
+    """How a site trains, whatever a run spec or a train message asks.
+
+    Each setting is pinned (the site trains with its own value) or bounded (the run's
+    value is taken only within the bounds; outside them the run is refused). A site file
+    says so in its ``[training]`` table, for example::
+
+        [training]
+        optimizer = "adam"          # pinned
+        lr = [1e-4, 1e-2]           # bounds
+        weight_decay = 1e-4
+        dropout = [0.3, 0.7]
+        local_epochs = [1, 5]
+        batch_size = [16, 64]
+
+    Attributes
+    ----------
+    pinned : dict of str to value
+        Settings the site fixes (``optimizer``, ``lr``, ``weight_decay``, ``dropout``,
+        ``local_epochs``, ``batch_size``).
+    bounds : dict of str to (low, high)
+        Closed bounds on the other numeric settings (default :data:`TRAINING_BOUNDS`).
+    optimizers : tuple of str
+        The optimisers the site accepts when it pins none.
+    path : Path or None
+        The site file these came from.
+    """
+
+    pinned: dict[str, object] = field(default_factory=dict)
+    bounds: dict[str, tuple[float, float]] = field(
+        default_factory=lambda: dict(TRAINING_BOUNDS))
+    optimizers: tuple[str, ...] = _OPTIMISERS
+    path: Path | None = None
+
+    def value(self, name: str, asked: object) -> object:
+        """Return the value of setting ``name`` the site trains with when ``asked``.
+
+        Raises
+        ------
+        PermissionError
+            When ``asked`` lies outside the site's bounds (the message names both).
+        """
+        if name in self.pinned:
+            return self.pinned[name]
+        where = self.path or "its defaults"
+        if name == "optimizer":
+            if asked not in self.optimizers:
+                raise PermissionError(
+                    f"The site trains only with optimizers {', '.join(self.optimizers)} "
+                    f"([training] in {where}); the run asks for {asked!r}.")
+            return asked
+        low, high = self.bounds[name]
+        if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not (
+                low <= asked <= high):
+            raise PermissionError(
+                f"The site trains with {name} from {low:g} to {high:g} ([training] in "
+                f"{where}); the run asks for {name} = {asked!r}.")
+        return asked
+
+    def apply(self, spec: Any) -> Any:
+        """Return the run spec ``spec`` with this site's training settings in it.
+
+        ``optimizer`` and ``weight_decay`` live in the task's settings when the task
+        has them (ABIDE); a task without them trains with its own optimiser, and a site
+        file that pins or bounds them for such a task is refused.
+        """
+        changes: dict[str, object] = {}
+        for name in ("lr", "dropout", "local_epochs", "batch_size"):
+            changes[name] = self.value(name, getattr(spec, name))
+        for name in ("optimizer", "weight_decay"):
+            if hasattr(spec.settings, name):
+                changes[name] = self.value(name, getattr(spec.settings, name))
+            elif name in self.pinned:
+                raise ValueError(f"Site file {self.path}: [training] sets {name!r}, which "
+                                 f"task '{spec.task}' does not take (it trains with its "
+                                 "own optimiser).")
+        changed = {k: v for k, v in changes.items()
+                   if v != getattr(spec, k, getattr(spec.settings, k, None))}
+        return spec.replace(**changed) if changed else spec
+
+
+def _training_policy(raw: object, path: Path) -> TrainingPolicy:
+    if raw is None:
+        return TrainingPolicy(path=path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"Site file {path}: 'training' must be a table ([training]), got "
+                         f"{raw!r}.")
+    valid = {*TRAINING_BOUNDS, "optimizer"}
+    unknown = sorted(set(raw) - valid)
+    if unknown:
+        raise ValueError(f"Site file {path}: [training] has unknown keys {unknown}. Valid "
+                         f"keys: {sorted(valid)}.")
+    pinned: dict[str, object] = {}
+    bounds = dict(TRAINING_BOUNDS)
+    optimizers = _OPTIMISERS
+    for name, value in raw.items():
+        if name == "optimizer":
+            names = value if isinstance(value, list) else [value]
+            if not names or not all(n in _OPTIMISERS for n in names):
+                raise ValueError(f"Site file {path}: [training] optimizer must be one of "
+                                 f"{', '.join(_OPTIMISERS)} or a list of them, got "
+                                 f"{value!r}.")
+            if isinstance(value, list):
+                optimizers = tuple(names)
+            else:
+                pinned[name] = value
+            continue
+        low, high = TRAINING_BOUNDS[name]
+        whole = name in ("local_epochs", "batch_size")
+        kind = int if whole else (int, float)
+
+        def ok(v: object) -> bool:
+            return (not isinstance(v, bool) and isinstance(v, kind)  # noqa: B023
+                    and math.isfinite(v) and low <= v <= high)  # noqa: B023
+
+        if isinstance(value, list) and len(value) == 2 and all(ok(v) for v in value) \
+                and value[0] <= value[1]:
+            bounds[name] = (value[0], value[1])
+        elif ok(value):
+            pinned[name] = value
+        else:
+            what = "a whole number" if whole else "a number"
+            raise ValueError(f"Site file {path}: [training] {name} must be {what} from "
+                             f"{low:g} to {high:g}, or [low, high] within those, got "
+                             f"{value!r}.")
+    return TrainingPolicy(pinned=pinned, bounds=bounds, optimizers=optimizers, path=path)
+
+
 @dataclass(frozen=True)
 class SitePolicy:
     """What a site's own file decides about what leaves it, whatever the server asks.
@@ -168,6 +323,17 @@ class SitePolicy:
     message_timeout : float
         Seconds it waits for a message's contents before it refuses the message
         (``message_timeout_s``).
+    max_weight_abs : float
+        The largest absolute value it accepts in a global model (``max_weight_abs``).
+    max_model_shift : float
+        How far from its own last update a model it trains from or scores may lie
+        (``max_model_shift``; :func:`fedbn_med.fl.model_checks.shift_reason`).
+    training : TrainingPolicy
+        How it trains (its ``[training]`` table).
+    approved_specs : tuple of str or None
+        The SHA-256 hashes of the run specs it runs (``approved_specs``; None: any).
+    approved_apps : tuple of str or None
+        The SHA-256 hashes of the apps (FABs) it runs (``approved_apps``; None: any).
     path : Path or None
         The site file these came from (None: no file, the defaults).
     """
@@ -176,6 +342,11 @@ class SitePolicy:
     max_scores: int = DEFAULT_MAX_SCORES
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_MB << 20
     message_timeout: float = DEFAULT_MESSAGE_TIMEOUT_S
+    max_weight_abs: float = DEFAULT_MAX_WEIGHT_ABS
+    max_model_shift: float = DEFAULT_MAX_MODEL_SHIFT
+    training: TrainingPolicy = field(default_factory=TrainingPolicy)
+    approved_specs: tuple[str, ...] | None = None
+    approved_apps: tuple[str, ...] | None = None
     path: Path | None = None
 
 
@@ -185,6 +356,17 @@ def _site_file(site: str, task: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def _hashes(value: object, key: str, path: Path) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(
+            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
+            for h in value)):
+        raise ValueError(f"Site file {path}: '{key}' must be a list of SHA-256 hashes in hex "
+                         "(as `python -m fedbn_med.federation.approve` prints them).")
+    return tuple(value)
 
 
 def site_policy(site: str, task: str = "abide") -> SitePolicy:
@@ -214,6 +396,20 @@ def site_policy(site: str, task: str = "abide") -> SitePolicy:
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0.5 <= wait <= 3600:
         raise ValueError(f"Site file {path}: 'message_timeout_s' must be a number of seconds "
                          f"from 0.5 to 3600, got {wait!r}.")
+    bound = raw.get("max_weight_abs", DEFAULT_MAX_WEIGHT_ABS)
+    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 1 <= bound <= 1e9:
+        raise ValueError(f"Site file {path}: 'max_weight_abs' must be a number from 1 to 1e9 "
+                         f"(the largest value it accepts in a global model), got {bound!r}.")
+    shift = raw.get("max_model_shift", DEFAULT_MAX_MODEL_SHIFT)
+    if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not 0 < shift <= 2:
+        raise ValueError(f"Site file {path}: 'max_model_shift' must be a number above 0 and "
+                         f"at most 2, got {shift!r}.")
+    approved = {key: _hashes(raw.get(key), key, path)
+                for key in ("approved_specs", "approved_apps")}
     return SitePolicy(epsilon_max=None if ceiling is None else float(ceiling),
+                      approved_specs=approved["approved_specs"],
+                      approved_apps=approved["approved_apps"],
                       max_scores=scores, max_message_bytes=int(mb * (1 << 20)),
-                      message_timeout=float(wait), path=path)
+                      message_timeout=float(wait), max_weight_abs=float(bound),
+                      max_model_shift=float(shift),
+                      training=_training_policy(raw.get("training"), path), path=path)

@@ -70,7 +70,8 @@ TRAIN_METRICS: dict[str, tuple[float, float, bool] | None] = {
     "dp_noise": (0.0, 1e6, False), "dp_clip": (0.0, 1e6, False),
     "dp_epsilon_replace_one": (0.0, 1e6, False), "dp_seeded": (0, 1, True),
 }
-_REQUIRED = ("num-examples", "train_loss")
+#: A DP site sends no ``train_loss`` (un-noised, it would read its BN layers back).
+_REQUIRED = ("num-examples",)
 
 # A site's state hash is a SHA-256 in hex (fedbn_med.checkpoint.state_hash).
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -280,7 +281,8 @@ def read_train(content: RecordDict, site: str, scores: Collection[str]) -> Train
     if reason is not None:
         raise ValueError(reason)
     metrics = payload.floats("metrics")
-    fits = {"num_examples": metrics["num-examples"], "train_loss": metrics["train_loss"],
+    fits = {"num_examples": metrics["num-examples"],
+            **({"train_loss": metrics["train_loss"]} if "train_loss" in metrics else {}),
             "setups": metrics.get("setups", 0.0),
             # the (epsilon, delta) a DP site has spent, for its MLflow run
             **{k: v for k, v in metrics.items() if k.startswith("dp_")}}

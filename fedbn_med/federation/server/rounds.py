@@ -198,7 +198,8 @@ class FederationServer:
                               self.partition.all - self.exchanged, control=self.control,
                               n_sites=max(len(self.config.sites), len(nodes)),
                               weighting=self.config.weighting, max_share=self.max_share,
-                              norm_reference=self.norm_reference)
+                              norm_reference=self.norm_reference,
+                              registered=self.settings.registered_counts)
         for site, reason in outcome.refused.items():
             self._refuse(rnd, site, reason, got)
         self.global_weights = outcome.global_weights

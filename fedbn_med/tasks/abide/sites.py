@@ -92,6 +92,13 @@ def _parse(path: Path) -> SiteConfig:
             f"strings such as [\"UCLA_1\"], got {ids!r}."
         )
     seed, device = site_seed_and_device(raw, path)
+    # a site claims only its own subjects: another site's would be read as its own
+    others = [i for i in ids if i != name and not i.startswith(f"{name}_")]
+    if others:
+        raise ValueError(
+            f"Site file {path}: site '{name}' claims ABIDE site ids {others}, which are not "
+            f"its own; a site claims only '{name}' or '{name}_<n>' (e.g. UM_1 and UM_2 "
+            "for UM).")
     scans: Path | Literal["builtin"] | None = (
         "builtin" if raw.get("scans") == BUILTIN_SCANS else site_path(raw, "scans", path))
     return SiteConfig(

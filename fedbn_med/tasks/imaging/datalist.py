@@ -30,11 +30,15 @@ logger = logging.getLogger(__name__)
 SPLIT_KEYS = ("training", "validation", "test")
 
 
-def load_datalist(path: str | Path, *, split_seed: int = 0) -> dict[str, list[dict[str, Any]]]:
+def load_datalist(path: str | Path, *, split_seed: int = 0, outside_root: bool = True
+                  ) -> dict[str, list[dict[str, Any]]]:
     """Load a MONAI-style JSON datalist into ``{"training", "validation", "test"}`` items.
 
-    Relative paths in ``image``/``label`` are resolved from the datalist's folder. A
-    datalist with only ``training`` is split 60/20/20 by ``split_seed``.
+    Relative paths in ``image``/``label`` are resolved from the datalist's folder. With
+    ``outside_root=False`` (what a site does unless its site file says
+    ``datalist_outside_root = true``) they must stay inside that folder, links followed:
+    ``../``, absolute paths and links out of it are refused. A datalist with only
+    ``training`` is split 60/20/20 by ``split_seed``.
     """
     path = Path(path)
     if not path.is_file():
@@ -58,7 +62,23 @@ def load_datalist(path: str | Path, *, split_seed: int = 0) -> dict[str, list[di
                "training": [items[i] for i in order[2 * n_eval:]]}
     for key in SPLIT_KEYS:
         out.setdefault(key, [])
+    if not outside_root:
+        _check_inside(path, out)
     return out
+
+
+def _check_inside(path: Path, splits: Mapping[str, list[dict[str, Any]]]) -> None:
+    root = path.parent.resolve()
+    for items in splits.values():
+        for item in items:
+            for key in ("image", "label"):
+                value = item.get(key)
+                if isinstance(value, (str, Path)) and not Path(value).resolve().is_relative_to(
+                        root):
+                    raise ValueError(
+                        f"Datalist {path}: its {key} {value} lies outside the datalist's "
+                        f"folder {root} (links followed). Paths stay inside it unless the "
+                        "site file says datalist_outside_root = true.")
 
 
 def decode_items(items: Iterable[Mapping[str, Any]], keys: Sequence[str], site: str = "",
@@ -102,6 +122,13 @@ class ReadImaged(MapTransform):
             value = out[key]
             if isinstance(value, (str, Path)):
                 series = out.get(f"{key}_series")
-                out[key] = read_image(value, series=str(series) if series else None,
-                                      values=self.values)[None]
+                try:
+                    out[key] = read_image(value, series=str(series) if series else None,
+                                          values=self.values)[None]
+                except ImageReadError:
+                    raise
+                except Exception as err:  # noqa: BLE001 - any reader's error names the file
+                    # its type only: a library's message may quote the file's contents
+                    raise ImageReadError(Path(value), f"unreadable file ({type(err).__name__})"
+                                         ) from None
         return out

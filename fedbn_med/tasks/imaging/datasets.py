@@ -85,7 +85,8 @@ def site_split(datalist: Path, site: ImagingSite, *, builtin: bool, seed: int, f
     comparison re-draws it. A datalist with its own ``validation`` or ``test`` list is
     used as it is: a hospital's fixed test set stays fixed, whatever the fold.
     """
-    splits = load_datalist(datalist, split_seed=site.split_seed)
+    splits = load_datalist(datalist, split_seed=site.split_seed,
+                           outside_root=site.datalist_outside_root)
     listed = set(json.loads(Path(datalist).read_text(encoding="utf-8")))
     if not builtin and listed & {"validation", "test"}:
         logger.info("Site %s: datalist %s lists its own %s; the run's fold (%d) does not "

@@ -20,7 +20,8 @@ from fedbn_med.tasks.site_toml import (
 __all__ = ["ImagingSite", "available_imaging_sites", "check_imaging_sites",
            "load_imaging_site", "site_dp"]
 
-_KEYS = {"name", "institution", "datalist", "split_seed", "device", *DP_KEYS}
+_KEYS = {"name", "institution", "datalist", "split_seed", "device", "datalist_outside_root",
+         *DP_KEYS}
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class ImagingSite:
     privacy : SitePrivacy or None
         Client-level DP the site demands whatever the run asks (``dp_noise`` floor,
         ``dp_delta`` ceiling, ``dp_clip``).
+    datalist_outside_root : bool
+        Whether the datalist may name files outside its own folder (default no).
     """
 
     name: str
@@ -49,6 +52,7 @@ class ImagingSite:
     institution: str = ""
     source: Path | None = None
     privacy: SitePrivacy | None = None
+    datalist_outside_root: bool = False
 
 
 def _folder(task: str, directory: Path | None) -> Path:
@@ -71,9 +75,14 @@ def load_imaging_site(task: str, name: str, directory: Path | None = None) -> Im
     raw = read_site_file(path, _KEYS)
     resolved = site_path(raw, "datalist", path)
     seed, device = site_seed_and_device(raw, path)
+    outside = raw.get("datalist_outside_root", False)
+    if not isinstance(outside, bool):
+        raise ValueError(f"Site file {path}: 'datalist_outside_root' must be true or false, "
+                         f"got {outside!r}.")
     return ImagingSite(name=str(raw.get("name", name)), datalist=resolved, split_seed=seed,
                        device=device, institution=str(raw.get("institution", "")),
-                       source=path, privacy=site_privacy(raw, path))
+                       source=path, privacy=site_privacy(raw, path),
+                       datalist_outside_root=outside)
 
 
 def site_dp(site: ImagingSite, config: Any) -> UpdatePrivacy | None:

@@ -8,6 +8,7 @@ skipped rather than breaking the whole site.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections import Counter
 from collections.abc import Mapping
@@ -79,12 +80,16 @@ def read_roi_time_series(
             warnings.simplefilter("ignore", UserWarning)  # numpy's "input contained no data"
             data = np.loadtxt(path, comments="#", dtype=np.float64, ndmin=2)
     except ValueError as exc:
+        # numpy's message quotes the offending text: say only where it is, since the
+        # file may be a link to anything (issue 44: /etc/passwd's first line was quoted)
         text = str(exc)
+        where = re.search(r"(at )?row \d+(, column \d+)?|line \d+", text)
+        place = f" ({where.group(0).removeprefix('at ')})" if where else ""
         if "number of columns changed" in text:
-            reason = f"rows have unequal numbers of values ({text.split(';')[0]})."
+            reason = f"rows have unequal numbers of values{place}."
         else:
-            reason = f"text where numbers belong ({text})."
-        raise DataFileError(path, reason) from exc
+            reason = f"text where numbers belong{place}."
+        raise DataFileError(path, reason) from None
     return _check_series(path, data, labels, n_rois), labels
 
 
