@@ -7,6 +7,9 @@ task's sites without the new one (``--sites`` to choose them).
 
 from __future__ import annotations
 
+import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
+
+# isort: split
 import argparse
 import logging
 from pathlib import Path
