@@ -94,7 +94,7 @@ def check_task(task: Task | str, *, sites: int = 2, **settings: Any) -> list[str
     step("contract", contract)
 
     def spec() -> None:
-        built = RunSpec.for_task(name, rounds=1, strategy="fedbn", **settings)
+        built = RunSpec.for_task(name, **{"rounds": 1, **settings, "strategy": "fedbn"})
         _require(RunSpec.from_json(built.to_json()) == built, "spec",
                  "the run spec does not survive its JSON (what Flower carries).")
         _require(len(built.sites) >= 1, "spec", "the task's spec names no site.")

@@ -151,8 +151,8 @@ def lazy(target: str, *bound: Any) -> Callable[..., Any]:
     return call
 
 
-_MODULES = {"abide": "fedbn_med.tasks.abide", "mri": "fedbn_med.tasks.mri",
-            "xray": "fedbn_med.tasks.xray"}
+_MODULES = {"abide": "fedbn_med.tasks.abide", "histo": "fedbn_med.tasks.histo",
+            "mri": "fedbn_med.tasks.mri", "xray": "fedbn_med.tasks.xray"}
 #: The entry-point group an outside package names its tasks in (``name = "pkg.module"``).
 ENTRY_POINT_GROUP = "fedbn_med.tasks"
 _TASKS: dict[str, Task] = {}
