@@ -75,7 +75,7 @@ def run_cell(args: argparse.Namespace, method: str, seed: int, fold: int
         strategy=method, seed=seed, fold=fold, n_folds=args.n_folds, rounds=args.rounds,
         local_epochs=args.local_epochs, batch_size=args.batch_size, lr=args.lr,
         patch_size=args.patch, patches=args.patches, eval_crop=args.eval_crop,
-        channels=tuple(int(c) for c in args.channels.split(",")), site_rule=args.rule,
+        channels=args.channels, site_rule=args.rule,
         device="cpu", data_dir=args.data_dir)
     if args.quick:
         settings.update(synthetic_tiles=4, synthetic_size=48)

@@ -118,7 +118,7 @@ def test_the_site_rules_keep_hospitals_whole_and_group_small_organs() -> None:
 
 def test_the_task_passes_its_checks_and_runs_on_a_release_by_organ(tmp_path: Path) -> None:
     small = {"synthetic_size": 48, "synthetic_tiles": 4, "patch_size": 16, "batch_size": 4,
-             "n_folds": 4, "channels": (4, 8)}
+             "n_folds": 4, "channels": "4,8"}
     assert fb.check_task("histo", **small)[-1] == "one_round"
     # a release in the MoNuSeg layout, sites by organ (breast: A7, AR; kidney: B0, HE)
     root = tmp_path / "release" / "MoNuSeg 2018 Training Data"

@@ -19,7 +19,7 @@ __all__ = ["build_model", "build_site", "prepare"]
 def build_model(spec: Any, input_shape: tuple[int, ...] = (3, 64, 64)) -> nn.Module:
     """Return MONAI's 2D ``UNet(norm="batch")`` of the run's channels, seeded by the run."""
     torch.manual_seed(spec.seed)
-    channels = tuple(spec.settings.channels)
+    channels = spec.settings.levels
     return UNet(spatial_dims=2, in_channels=int(input_shape[0]), out_channels=2,
                 channels=channels, strides=(2,) * (len(channels) - 1), num_res_units=1,
                 norm="batch")

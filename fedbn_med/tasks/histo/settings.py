@@ -45,8 +45,8 @@ class Settings:
     eval_crop : int
         Score on the central ``eval_crop`` square of each validation/test tile (0: the
         whole tile), predicted by a sliding window of training patches.
-    channels : tuple of int
-        The U-Net's channels per level.
+    channels : str
+        The U-Net's channels per level, comma-separated (``"16,32,64"``).
     annotation : {"xml", "png"}
         Which annotation a tile's nuclei come from when it has both.
     """
@@ -56,7 +56,7 @@ class Settings:
     patch_size: int = 64
     patches: int = 4
     eval_crop: int = 0
-    channels: tuple[int, ...] = (16, 32, 64)
+    channels: str = "16,32,64"
     annotation: str = "xml"
     synthetic_tiles: int = 5
     synthetic_size: int = 96
@@ -77,10 +77,18 @@ class Settings:
         if not isinstance(self.eval_crop, int) or self.eval_crop < 0:
             raise ValueError(f"eval_crop must be 0 (whole tile) or a positive integer, got "
                              f"{self.eval_crop!r}.")
-        object.__setattr__(self, "channels", tuple(int(c) for c in self.channels))
-        if len(self.channels) < 2 or min(self.channels) < 1:
-            raise ValueError(f"channels needs at least two positive levels, got "
-                             f"{self.channels!r}.")
+        try:
+            levels = self.levels
+        except (TypeError, ValueError, AttributeError):
+            levels = ()
+        if len(levels) < 2 or min(levels) < 1:
+            raise ValueError(f"channels must name at least two positive channel counts, "
+                             f"comma-separated ('16,32,64'), got {self.channels!r}.")
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        """Return the U-Net's channels per level as integers."""
+        return tuple(int(c) for c in self.channels.split(","))
 
     def input_shape(self) -> tuple[int, ...]:
         """Return ``(3, patch, patch)``: one RGB training patch."""
