@@ -34,8 +34,9 @@ import numpy as np
 import fedbn_med as fb
 from fedbn_med.evaluation.intervals import corrected_t_interval
 
+#: ``<strategy>+macenko``: the strategy on Macenko stain-normalised tiles.
 METHODS = ("fedbn", "fedavg", "silobn", "fedavg_localbn", "fedprox", "singleset",
-           "centralized")
+           "centralized", "fedavg+macenko")
 FIELDS = ("rule", "method", "seed", "fold", "site", "selected_round", "test_dice", "test_aji",
           "val_loss", "seconds")
 
@@ -60,6 +61,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--quick", action="store_true", help="tiny generated tiles, 2 methods")
+    p.add_argument("--summarise", type=Path, nargs="+", default=None, metavar="CSV",
+                   help="run nothing: write the summary of these runs.csv files (one rule)")
     args = p.parse_args(argv)
     if args.quick:
         args.data_dir, args.rule, args.methods, args.seeds = None, "datalist", "fedbn,fedavg", 2
@@ -71,8 +74,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run_cell(args: argparse.Namespace, method: str, seed: int, fold: int
              ) -> list[dict[str, object]]:
     """Run one method on one (seed, fold); return one row per site."""
+    strategy, _, stain = method.partition("+")
     settings: dict[str, object] = dict(
-        strategy=method, seed=seed, fold=fold, n_folds=args.n_folds, rounds=args.rounds,
+        strategy=strategy, stain=stain or "none", seed=seed, fold=fold, n_folds=args.n_folds,
+        rounds=args.rounds,
         local_epochs=args.local_epochs, batch_size=args.batch_size, lr=args.lr,
         patch_size=args.patch, patches=args.patches, eval_crop=args.eval_crop,
         channels=args.channels, site_rule=args.rule,
@@ -126,6 +131,16 @@ def summary(rows: list[dict[str, object]], n_folds: int, rule: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.summarise:
+        rows = []
+        for source in args.summarise:
+            with source.open(encoding="utf-8") as handle:
+                rows.extend(csv.DictReader(handle))
+        rules = sorted({str(r["rule"]) for r in rows})
+        table = summary(rows, args.n_folds, ", ".join(rules))
+        (args.out / "summary.md").write_text(table + "\n", encoding="utf-8")
+        print(table)
+        return 0
     path = args.out / "runs.csv"
     rows: list[dict[str, object]] = []
     with path.open("w", newline="", encoding="utf-8") as handle:

@@ -133,3 +133,16 @@ def test_the_task_passes_its_checks_and_runs_on_a_release_by_organ(tmp_path: Pat
     with pytest.raises(ValueError, match=r"Unknown site 'lung' under site_rule 'organ'. "
                                          r"Valid sites: breast, kidney"):
         fb.run(spec.replace(sites=("breast", "lung")))
+
+
+def test_the_settings_name_what_they_expect() -> None:
+    from fedbn_med.tasks.histo.settings import Settings
+
+    assert Settings(channels="8,16,32").levels == (8, 16, 32)
+    with pytest.raises(ValueError, match=r"stain must be one of none, macenko, got 'reinhard'"):
+        Settings(stain="reinhard")
+    with pytest.raises(ValueError, match=r"channels must name at least two positive channel "
+                                         r"counts, comma-separated \('16,32,64'\), got '8'"):
+        Settings(channels="8")
+    with pytest.raises(ValueError, match=r"site_rule must be one of hospital, organ, datalist"):
+        Settings(site_rule="scanner")

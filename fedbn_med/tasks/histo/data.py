@@ -35,7 +35,7 @@ from fedbn_med.tasks.histo.sites import assign_sites
 
 __all__ = ["load_item", "site_data", "site_tiles", "split_tiles", "train_transform"]
 
-_ITEMS: dict[tuple[Path, str, int], dict[str, Any]] = {}
+_ITEMS: dict[tuple[Path, str, int, str], dict[str, Any]] = {}
 
 
 def tiles_source(spec: Any) -> Path:
@@ -93,11 +93,20 @@ def split_tiles(tiles: Sequence[TileFiles], site: str, *, seed: int, fold: int,
             "test": [t for i, t in enumerate(ordered) if i in test]}
 
 
-def load_item(tile: TileFiles, annotation: str, crop: int = 0) -> dict[str, Any]:
-    """Return a tile's item: ``image`` (3, H, W) in [0, 1], ``label`` (1, H, W), ``inst``."""
-    key = (tile.image, annotation, crop)
+def load_item(tile: TileFiles, annotation: str, crop: int = 0, stain: str = "none"
+              ) -> dict[str, Any]:
+    """Return a tile's item: ``image`` (3, H, W) in [0, 1], ``label`` (1, H, W), ``inst``.
+
+    ``stain="macenko"`` normalises the tile's stains first (MONAI's ``NormalizeHEStains``).
+    """
+    key = (tile.image, annotation, crop, stain)
     if key not in _ITEMS:
         rgb = read_tile(tile.image)
+        if stain == "macenko":
+            from monai.apps.pathology.transforms import NormalizeHEStains
+
+            rgb = np.ascontiguousarray(
+                NormalizeHEStains()(rgb.transpose(1, 2, 0)).transpose(2, 0, 1))
         inst = read_instances(tile, rgb.shape[1:], prefer=annotation)
         if crop and min(inst.shape) > crop:
             top, left = (inst.shape[0] - crop) // 2, (inst.shape[1] - crop) // 2
@@ -141,7 +150,8 @@ def site_data(site: str, spec: Any) -> Any:
                         n_folds=spec.n_folds)
 
     def items(split: str, crop: int) -> list[dict[str, Any]]:
-        return [{k: v for k, v in load_item(t, settings.annotation, crop).items()
+        return [{k: v for k, v in load_item(t, settings.annotation, crop,
+                                            settings.stain).items()
                  if split != "train" or k in ("image", "label")} for t in parts[split]]
 
     train = Dataset(items("train", 0), train_transform(settings.patch_size, settings.patches))

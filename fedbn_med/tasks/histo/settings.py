@@ -5,11 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["COMPARE", "DEFAULTS", "ENGINE", "METRICS", "SITE_RULES", "SITES", "Settings"]
+__all__ = ["COMPARE", "DEFAULTS", "ENGINE", "METRICS", "SITES", "SITE_RULES", "STAINS",
+           "Settings"]
 
 #: The rules that make sites of tiles (:mod:`fedbn_med.tasks.histo.sites`); ``datalist``
 #: takes each tile's ``site`` from its datalist.
 SITE_RULES = ("hospital", "organ", "datalist")
+
+#: Stain normalisations a run may apply to every tile.
+STAINS = ("none", "macenko")
 
 #: The built-in (generated) tiles' sites, and the hospital rule's on the MoNuSeg tiles.
 SITES = ("H1", "H2", "H3", "H4")
@@ -49,6 +53,10 @@ class Settings:
         The U-Net's channels per level, comma-separated (``"16,32,64"``).
     annotation : {"xml", "png"}
         Which annotation a tile's nuclei come from when it has both.
+    stain : {"none", "macenko"}
+        Stain normalisation of every tile before anything else: ``"macenko"`` maps each
+        tile's haematoxylin and eosin onto one reference (MONAI's ``NormalizeHEStains``,
+        Macenko et al. 2009), the classic alternative to keeping BN per site.
     """
 
     task: ClassVar[str] = "histo"
@@ -58,6 +66,7 @@ class Settings:
     eval_crop: int = 0
     channels: str = "16,32,64"
     annotation: str = "xml"
+    stain: str = "none"
     synthetic_tiles: int = 5
     synthetic_size: int = 96
 
@@ -65,6 +74,8 @@ class Settings:
         if self.site_rule not in SITE_RULES:
             raise ValueError(f"site_rule must be one of {', '.join(SITE_RULES)}, got "
                              f"{self.site_rule!r}.")
+        if self.stain not in STAINS:
+            raise ValueError(f"stain must be one of {', '.join(STAINS)}, got {self.stain!r}.")
         if self.annotation not in ("xml", "png"):
             raise ValueError(f"annotation must be 'xml' or 'png', got {self.annotation!r}.")
         for name in ("patch_size", "patches", "synthetic_tiles", "synthetic_size"):
