@@ -86,6 +86,10 @@ def run_cell(args: argparse.Namespace, method: str, seed: int, fold: int
         settings.update(synthetic_tiles=4, synthetic_size=48)
     if args.sites:
         settings["sites"] = tuple(args.sites.split(","))
+    elif args.data_dir is not None:  # every site the rule makes of the tiles
+        from fedbn_med.tasks.histo.data import site_tiles
+
+        settings["sites"] = tuple(sorted(site_tiles(fb.RunSpec.for_task("histo", **settings))))
     started = time.perf_counter()
     result = fb.run("histo", **settings)
     seconds = time.perf_counter() - started

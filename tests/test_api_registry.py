@@ -43,7 +43,7 @@ def test_register_task_refuses_what_is_not_a_task_or_a_name() -> None:
 
 
 def test_an_unknown_task_names_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"Unknown task 'nope'. Valid tasks: abide, mri, xray"):
+    with pytest.raises(ValueError, match=r"Unknown task 'nope'. Valid tasks: abide, histo, mri, xray"):
         fb.get_task("nope")
     with pytest.raises(ValueError, match=r"Unknown task 'nope'"):
         fb.RunSpec.for_task("nope")
@@ -82,6 +82,11 @@ def test_an_entry_point_task_works_with_the_spec_run_tracking_and_cli(
                                   "tags.kind = 'federation'")) == 2
 
 
+def test_a_tasks_run_names_its_sites(squares: Path) -> None:
+    result = fb.run("squares", sites=("south",), rounds=1, batch_size=3)
+    assert result.sites == ("south",) and set(result.selected) == {"south"}
+
+
 def test_check_task_names_the_rule_a_task_breaks(squares: Path) -> None:
     good = fb.get_task("squares")
     bad = fb.register_task(fb.Task(**{**good.__dict__, "name": "squares_bad",
@@ -101,6 +106,8 @@ def test_a_network_with_its_own_data_refuses_what_it_cannot_run() -> None:
     net = UNet(2, 1, 2, channels=(4, 8), strides=(2,), norm="batch")
     with pytest.raises(ValueError, match=r"run\(model, sites=\{name: data, \.\.\.\}"):
         fb.run(net)
+    with pytest.raises(ValueError, match=r"A task builds its own sites and objective"):
+        fb.run("xray", objective=fb.Classification())
     with pytest.raises(ValueError, match=r"Unknown engine 'ray'. Valid engines: inprocess"):
         fb.run(net, engine="ray")
     with pytest.raises(TypeError, match=r"run takes a RunSpec, a task name or a torch"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 ENGINES = ("inprocess", "flower")
 
 
-def run(what: RunSpec | str | nn.Module, sites: Mapping[str, Any] | None = None,
+def run(what: RunSpec | str | nn.Module,
+        sites: Mapping[str, Any] | Sequence[str] | None = None,
         objective: Objective | None = None, *, engine: str = "inprocess",
         tracking_uri: str | None = None, workdir: str | Path | None = None,
         experiment: str = "fedbn-med", **settings: Any) -> FederationResult:
@@ -50,9 +51,9 @@ def run(what: RunSpec | str | nn.Module, sites: Mapping[str, Any] | None = None,
     what : RunSpec, str or torch.nn.Module
         A run spec; a registered task's name (its spec is
         ``RunSpec.for_task(name, **settings)``); or a network every site trains a copy of.
-    sites : mapping of site name to site data, optional
-        With a network only: each site's data (:func:`fedbn_med.image_site` of MONAI
-        datasets, or :class:`fedbn_med.TensorSiteData`).
+    sites : mapping of site name to site data, or sequence of str, optional
+        With a network: each site's data (:func:`fedbn_med.image_site` of MONAI
+        datasets, or :class:`fedbn_med.TensorSiteData`). With a task: the sites' names.
     objective : Objective, optional
         With a network only: the loss and the scores (:class:`fedbn_med.Segmentation`,
         :class:`fedbn_med.Classification`, ...).
@@ -87,7 +88,7 @@ def run(what: RunSpec | str | nn.Module, sites: Mapping[str, Any] | None = None,
         tempfile.mkdtemp(prefix="fedbn-med-run-"))
     folder.mkdir(parents=True, exist_ok=True)
     if isinstance(what, nn.Module):
-        if sites is None or objective is None:
+        if not isinstance(sites, Mapping) or objective is None:
             raise ValueError("A network runs on its sites' data with an objective: "
                              "run(model, sites={name: data, ...}, objective=...).")
         if engine != "inprocess":
@@ -96,9 +97,13 @@ def run(what: RunSpec | str | nn.Module, sites: Mapping[str, Any] | None = None,
                              "(fedbn_med.register_task) so that each site process can "
                              "build it.")
         return _run_model(what, sites, objective, folder, tracking_uri, experiment, settings)
+    if sites is not None and not isinstance(sites, Mapping):
+        settings["sites"] = tuple(sites)  # a task's run names its sites
+        sites = None
     if sites is not None or objective is not None:
-        raise ValueError("A task builds its own sites and objective; give sites= and "
-                         "objective= only with a network.")
+        raise ValueError("A task builds its own sites and objective: name its sites "
+                         "(sites=('A', 'B')); give site data and objective= only with a "
+                         "network.")
     if isinstance(what, str):
         spec = RunSpec.for_task(what, **settings)
     elif isinstance(what, RunSpec):
