@@ -43,7 +43,8 @@ def test_register_task_refuses_what_is_not_a_task_or_a_name() -> None:
 
 
 def test_an_unknown_task_names_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"Unknown task 'nope'. Valid tasks: abide, histo, mri, xray"):
+    with pytest.raises(ValueError,
+                       match=r"Unknown task 'nope'. Valid tasks: abide, histo, mri, xray"):
         fb.get_task("nope")
     with pytest.raises(ValueError, match=r"Unknown task 'nope'"):
         fb.RunSpec.for_task("nope")
