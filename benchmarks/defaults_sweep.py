@@ -29,7 +29,7 @@ skips the runs already there (same groups, settings, fold, seed and rounds).
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import argparse

@@ -21,7 +21,7 @@ seconds, not the coverage figure.
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import argparse

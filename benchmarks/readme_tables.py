@@ -10,7 +10,7 @@ docs' pages is rendered from ``benchmarks/published/KEY/`` (written by a benchma
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import argparse

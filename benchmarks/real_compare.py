@@ -30,7 +30,7 @@ much a model could have learnt from motion alone, and this table how much is lef
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import argparse

@@ -12,7 +12,7 @@ says where it goes. Writes ``table.md`` and ``table.csv`` under
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import argparse

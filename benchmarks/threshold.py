@@ -17,7 +17,7 @@ only where it is higher in every group. Test figures are for information.
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
 
 # isort: split
 import math

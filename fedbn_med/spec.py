@@ -30,7 +30,7 @@ from fedbn_med.fl.privacy import UpdatePrivacy
 from fedbn_med.fl.registry import get_strategy
 from fedbn_med.fl.strategies import Strategy
 from fedbn_med.fl.weighting import WEIGHTINGS
-from fedbn_med.tasks import TASK_NAMES
+from fedbn_med.tasks import TASK_NAMES, get_task, settings_module_name
 
 __all__ = [
     "BN_INITS",
@@ -58,10 +58,14 @@ class TaskSettings(Protocol):
 
 
 def settings_module(task: str) -> ModuleType:
-    """Return ``fedbn_med.tasks.<task>.settings`` (light: no torch, no MONAI)."""
-    if task not in TASK_NAMES:
+    """Return the task's settings module (light: no torch, no MONAI).
+
+    A built-in task's is ``fedbn_med.tasks.<task>.settings``; a registered task names its
+    own (:attr:`fedbn_med.tasks.Task.settings`) or takes :mod:`fedbn_med.tasks.generic`.
+    """
+    if not isinstance(task, str) or task not in TASK_NAMES:
         raise ValueError(f"Unknown task '{task}'. Valid tasks: {', '.join(TASK_NAMES)}.")
-    return importlib.import_module(f"fedbn_med.tasks.{task}.settings")
+    return importlib.import_module(settings_module_name(task))
 
 
 def task_defaults(task: str) -> dict[str, Any]:
@@ -71,7 +75,12 @@ def task_defaults(task: str) -> dict[str, Any]:
     batch size and the learning rate) and ``Settings``, its own settings class.
     """
     module = settings_module(task)
-    return {**module.DEFAULTS, "settings": module.Settings()}
+    defaults = dict(module.DEFAULTS)
+    if "sites" not in defaults and getattr(module.Settings, "task", "") == "generic":
+        sites = get_task(task).sites  # an outside task without settings: its own sites
+        if sites:
+            defaults["sites"] = tuple(sites)
+    return {**defaults, "settings": module.Settings()}
 
 
 #: Where BN running statistics may start (``RunSpec.bn_init``).
@@ -277,7 +286,8 @@ class RunSpec:
 
     def input_shape(self) -> tuple[int, ...]:
         """Return the shape of one example the run's network takes."""
-        return tuple(self.settings.input_shape())
+        # a task without settings of its own takes its default input shape
+        return tuple(self.settings.input_shape()) or get_task(self.task).default_input_shape
 
     def params(self) -> dict[str, object]:
         """Return the settings as flat loggable parameters (MLflow)."""

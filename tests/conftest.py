@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
+
+# isort: split
 import importlib
 from collections.abc import Callable
 from pathlib import Path

@@ -1,4 +1,7 @@
-"""The numeric code path: importing fedbn_med pins torch, MKL, numpy, OpenBLAS and oneDNN."""
+"""The numeric code path: fedbn_med.numerics.pinned pins torch, MKL, numpy, OpenBLAS, oneDNN.
+
+Importing fedbn_med itself changes nothing process-wide; entry scripts opt in.
+"""
 
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def _fresh(env_changes: dict[str, str], code: str) -> dict:
     return json.loads(_stdout(env_changes, code).strip().splitlines()[-1])
 
 
-_REPORT = ("import json, os\nimport fedbn_med\nfrom fedbn_med import numerics\n"
+_REPORT = ("import json, os\nimport fedbn_med.numerics.pinned\nfrom fedbn_med import numerics\n"
            "import torch\ntorch.ones(4).sum()\n"
            "print(json.dumps({'env': {k: os.environ.get(k) for k in numerics.PINNED},"
            " 'describe': numerics.describe()}))")
@@ -119,7 +122,7 @@ def test_onednn_convolutions_run_on_the_pinned_isa() -> None:
     # oneDNN (torch takes it for a convolution this size) names the instruction set it
     # dispatches to when asked to be verbose. On a CPU whose best is AVX2 this holds
     # anyway: it tests the cap only where the CPU has more (AVX-512, AMX).
-    code = ("import fedbn_med, torch\n"
+    code = ("import fedbn_med.numerics.pinned, torch\n"
             "torch.nn.Conv3d(1, 8, 3)(torch.ones(2, 1, 16, 16, 16))\n")
     out = _stdout({"ONEDNN_VERBOSE": "1"}, code)
     isa = [line for line in out.splitlines() if ",cpu,isa:" in line]
@@ -143,9 +146,18 @@ def _first_import(path: Path) -> str:
 
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
                                           if not p.name.startswith("_")))
-def test_every_benchmark_imports_fedbn_med_before_numpy(script: str) -> None:
+def test_every_benchmark_pins_before_numpy_loads(script: str) -> None:
     # numpy and OpenBLAS read their variable once, when they load
-    assert _first_import(ROOT / "benchmarks" / script) == "fedbn_med"
+    assert _first_import(ROOT / "benchmarks" / script) == "fedbn_med.numerics.pinned"
+
+
+def test_importing_the_library_changes_nothing_process_wide() -> None:
+    code = ("import json, os\nimport fedbn_med\nfrom fedbn_med import numerics\n"
+            "import sys\nprint(json.dumps([{k: os.environ.get(k) for k in numerics.PINNED},"
+            " sorted({'numpy', 'torch'} & set(sys.modules))]))")
+    env, loaded = json.loads(_stdout({}, code).strip().splitlines()[-1])
+    assert env == {name: None for name in numerics.PINNED}
+    assert loaded == []  # and it loads no numeric library
 
 
 def test_the_pipelines_import_nothing_numeric_before_fedbn_med() -> None:

@@ -20,6 +20,9 @@ they describe are :mod:`fedbn_med.cli.parser`, the multi-host modes
 
 from __future__ import annotations
 
+import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
+
+# isort: split
 import argparse
 import logging
 import os

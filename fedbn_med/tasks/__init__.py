@@ -1,26 +1,37 @@
 """Tasks a federation can run (ABIDE connectivity, MRI segmentation, X-ray classification).
 
 A task tells an engine how to build a site's trainer and the server's copy of the model,
-so the Flower adapter and the in-process driver stay task-agnostic. Each task is a
-subpackage, ``fedbn_med.tasks.<name>``, whose ``__init__`` calls :func:`register_task`;
-adding a task means one such subpackage and one entry in ``_MODULES``. This module
-imports no task and no run configuration: it only maps names to task packages.
+so the Flower adapter and the in-process driver stay task-agnostic. The built-in tasks
+are subpackages, ``fedbn_med.tasks.<name>``, whose ``__init__`` calls
+:func:`register_task`. A task of another package joins without editing this one, in
+either of two ways:
+
+- its module calls :func:`register_task` when imported (in this process only);
+- its distribution declares an entry point in the group :data:`ENTRY_POINT_GROUP`
+  (``fedbn_med.tasks``), named after the task, pointing at the module (or at its
+  :class:`Task` object, ``"package.module:TASK"``); every process that looks the name up
+  (a Flower site, the command line) then imports it, read with :mod:`importlib.metadata`.
+
+This module imports no task and no run configuration: it only maps names to tasks.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+import importlib.metadata
+import keyword
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 if TYPE_CHECKING:
     from torch import nn
 
     from fedbn_med.training.trainer import SiteTrainer
 
-__all__ = ["TASK_NAMES", "BuildSite", "Selection", "Task", "get_task", "lazy", "register_task"]
+__all__ = ["ENTRY_POINT_GROUP", "TASK_NAMES", "BuildSite", "Selection", "Task", "get_task",
+           "lazy", "register_task", "settings_module_name", "task_names"]
 
 
 class BuildSite(Protocol):
@@ -92,6 +103,13 @@ class Task:
         ``(site, config) -> data``: a site's data for the run's fold, which ``build_site``
         then takes as ``data=`` (a benchmark subsamples it in between); None when the
         task's sites build their data only inside ``build_site``.
+    settings : str or None
+        The module of the task's run settings (``DEFAULTS``, ``Settings``, optionally
+        ``COMPARE``, ``ENGINE`` and ``METRICS``), imported without torch. None: a built-in
+        task's ``fedbn_med.tasks.<name>.settings``, an outside task's
+        :mod:`fedbn_med.tasks.generic` (no settings of its own).
+    sites : tuple of str
+        The task's sites when the run names none (used with the generic settings).
     """
 
     name: str
@@ -109,6 +127,8 @@ class Task:
     selection: Selection = Selection()
     headline: str = "accuracy"
     site_data: Callable[[str, Any], Any] | None = None
+    settings: str | None = None
+    sites: tuple[str, ...] = ()
 
 
 def lazy(target: str, *bound: Any) -> Callable[..., Any]:
@@ -131,24 +151,126 @@ def lazy(target: str, *bound: Any) -> Callable[..., Any]:
     return call
 
 
-_MODULES = {"abide": "fedbn_med.tasks.abide", "mri": "fedbn_med.tasks.mri",
-            "xray": "fedbn_med.tasks.xray"}
-TASK_NAMES = tuple(sorted(_MODULES))
+_MODULES = {"abide": "fedbn_med.tasks.abide", "histo": "fedbn_med.tasks.histo",
+            "mri": "fedbn_med.tasks.mri", "xray": "fedbn_med.tasks.xray"}
+#: The entry-point group an outside package names its tasks in (``name = "pkg.module"``).
+ENTRY_POINT_GROUP = "fedbn_med.tasks"
 _TASKS: dict[str, Task] = {}
 
 
-def register_task(task: Task) -> Task:
-    """Add a task to the registry (called by the task's module at import)."""
-    _TASKS[task.name] = task
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """Return the installed tasks' entry points by name (read afresh: a test may add one)."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def task_names() -> tuple[str, ...]:
+    """Return every task name known now: built-in, registered and installed, sorted."""
+    return tuple(sorted(set(_MODULES) | set(_TASKS) | set(_entry_points())))
+
+
+class _TaskNames(Sequence[str]):
+    """The task names, read when used: registering a task adds its name.
+
+    It stands where a tuple of names did (``choices=TASK_NAMES``, ``name in TASK_NAMES``).
+    """
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        return task_names()[index]
+
+    def __len__(self) -> int:
+        return len(task_names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(task_names())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in task_names()
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __hash__(self) -> int:
+        return hash(task_names())
+
+    def __repr__(self) -> str:
+        return repr(task_names())
+
+
+#: Every task name (built-in, registered, installed): a live sequence.
+TASK_NAMES: Sequence[str] = _TaskNames()
+
+
+def register_task(task: Task, *, replace: bool = False) -> Task:
+    """Add a task to the registry; return it.
+
+    A built-in task's package calls it when imported; an outside package calls it too
+    (for this process), or declares an entry point in :data:`ENTRY_POINT_GROUP` so that
+    every process finds it by name.
+
+    Raises
+    ------
+    TypeError
+        If ``task`` is not a :class:`Task`.
+    ValueError
+        If its name is not a lowercase identifier, or another task holds the name
+        (unless ``replace``).
+    """
+    if not isinstance(task, Task):
+        raise TypeError(f"register_task takes a fedbn_med.tasks.Task, got "
+                        f"{type(task).__name__}.")
+    name = task.name
+    if not (isinstance(name, str) and name.isidentifier() and name == name.lower()
+            and not keyword.iskeyword(name)):
+        raise ValueError(f"A task name is a lowercase Python identifier (it names the "
+                         f"task on the command line and in MLflow), got {name!r}.")
+    known = _TASKS.get(name)
+    if known is not None and known is not task and not replace and known != task:
+        raise ValueError(f"Task '{name}' is registered already (experiment "
+                         f"'{known.experiment}'); choose another name, or pass "
+                         f"replace=True.")
+    _TASKS[name] = task
     return task
 
 
 def get_task(name: str) -> Task:
-    """Return a registered task, importing its module on first use."""
-    if name not in _MODULES:
-        raise ValueError(f"Unknown task '{name}'. Valid tasks: {', '.join(TASK_NAMES)}.")
-    if name not in _TASKS:
+    """Return a task by name, importing its module (built-in or entry point) on first use.
+
+    Raises
+    ------
+    ValueError
+        For a name no task has, naming the valid ones, or a module that did not
+        register the task it names.
+    """
+    if name in _TASKS:
+        return _TASKS[name]
+    if name in _MODULES:
         importlib.import_module(_MODULES[name])
+        where = _MODULES[name]
+    else:
+        points = _entry_points()
+        if name not in points:
+            raise ValueError(f"Unknown task '{name}'. Valid tasks: "
+                             f"{', '.join(task_names())}.")
+        loaded = points[name].load()
+        if isinstance(loaded, Task) and name not in _TASKS:
+            register_task(loaded)
+        where = f"entry point {points[name].value} ({ENTRY_POINT_GROUP})"
     if name not in _TASKS:
-        raise ValueError(f"Task module {_MODULES[name]} did not register task '{name}'.")
+        raise ValueError(f"Task module {where} did not register task '{name}'.")
     return _TASKS[name]
+
+
+def settings_module_name(name: str) -> str:
+    """Return the module of a task's run settings (see :attr:`Task.settings`)."""
+    if name in _MODULES and name not in _TASKS:
+        return f"{_MODULES[name]}.settings"  # no need to import the task for it
+    task = get_task(name)
+    if task.settings:
+        return task.settings
+    return f"fedbn_med.tasks.{name}.settings" if name in _MODULES else "fedbn_med.tasks.generic"

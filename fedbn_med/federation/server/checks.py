@@ -50,6 +50,7 @@ SPLITS = ("val", "test")
 SCORE_RANGES: dict[str, tuple[float, float, bool]] = {
     "accuracy": (0.0, 1.0, False), "balanced_accuracy": (0.0, 1.0, False),
     "auc": (0.0, 1.0, True), "f1": (0.0, 1.0, False), "dice": (0.0, 1.0, True),
+    "aji": (0.0, 1.0, False),  # aggregated Jaccard index (task histo)
     "loss": (0.0, MAX_LOSS, False),
     # subjects scored (as fedbn_med.fl.rounds.MAX_EXAMPLES bounds the training count), the
     # share predicted positive, and what predicting the training majority scores

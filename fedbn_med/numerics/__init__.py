@@ -5,9 +5,12 @@ a machine with AVX-512 they sum and multiply in wider vectors, in another order,
 one with AVX2 only, and MKL picks by the CPU's vendor as well. A training run of a
 hundred rounds on a few hundred subjects turns such last-bit differences into another
 selected round and other test scores, and numpy's and OpenBLAS's choice changes the bytes
-of the built-in cohort itself (both measured by ``benchmarks/numerics.py``). Importing
-:mod:`fedbn_med` therefore fixes each library's path when the CPU has AVX2 and FMA,
-before any of them loads:
+of the built-in cohort itself (both measured by ``benchmarks/numerics.py``). :func:`pin`
+therefore fixes each library's path when the CPU has AVX2 and FMA, before any of them
+loads. Importing :mod:`fedbn_med` does not call it (a library must not change a
+researcher's process): the command line, the pipelines, the benchmarks and the tests opt
+in by importing :mod:`fedbn_med.numerics.pinned` before numpy loads (or by calling
+:func:`pin`):
 
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's vectorised kernels (read at their first use);
 - ``MKL_CBWR=COMPATIBLE``: MKL, torch's matrix products (read at its first call). MKL's
