@@ -255,11 +255,12 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
 
 
 class _InnerSite(NamedTuple):
-    """One site's inner split, with the labels and mean FD the reference rows read."""
+    """One site's inner split, with the labels, mean FD and features the references read."""
 
     split: Split
     labels: np.ndarray
     mean_fd: np.ndarray
+    features: np.ndarray
 
 
 def inner_references(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int,
@@ -293,7 +294,8 @@ def _inner_splits(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_f
                              inner_folds=inner_folds, inner_fold=inner_fold,
                              seed=repetition_split_seed(site.split_seed, spec.seed))
         out[name] = _InnerSite(split, np.asarray(feats.labels),
-                               np.asarray(feats.mean_fd, dtype=np.float64))
+                               np.asarray(feats.mean_fd, dtype=np.float64),
+                               np.asarray(feats.features))
     return out
 
 

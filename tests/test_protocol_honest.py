@@ -110,7 +110,7 @@ def _prepared(fd: np.ndarray, labels: np.ndarray, seed: int = 0) -> PreparedSite
     y = torch.as_tensor(labels.copy())
     part = lambda i: (x[torch.as_tensor(i)], y[torch.as_tensor(i)])  # noqa: E731
     return PreparedSite(SiteData(part(split.train), part(split.val), part(split.test)),
-                        split, labels, fd)
+                        split, labels, fd, np.zeros((len(labels), 3)))
 
 
 def test_reference_rows_are_fitted_on_the_training_split() -> None:
@@ -120,7 +120,7 @@ def test_reference_rows_are_fitted_on_the_training_split() -> None:
     fd[3] = np.nan  # a missing FD is imputed, not a crash
     flat = rng.random(80)  # an FD with no link to the diagnosis
     cells = reference_cells(0, 0, {"S": _prepared(fd, labels), "T": _prepared(flat, labels)})
-    majority, motion = cells
+    majority, motion, *_ = cells
     assert (majority.strategy, motion.strategy) == (MAJORITY, MOTION)
     assert majority.scores["best"]["balanced_accuracy"]["S"] == 0.5
     assert majority.scores["best"]["auc"]["mean"] == 0.5

@@ -54,7 +54,8 @@ from fedbn_med.tasks import Selection
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "Cell", "Comparison",
+    "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "RIDGE_POOLED", "RIDGE_SITE", "Cell",
+    "Comparison",
     "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
 ]
 
@@ -65,7 +66,11 @@ METRICS = ("balanced_accuracy", "auc", "accuracy")
 #: The reference rows of every table.
 MAJORITY = "Majority class"
 MOTION = "Motion only (mean FD)"
-REFERENCES = (MAJORITY, MOTION)
+#: Ridge on whole-series connectivity, per-site z-scores, every site's training subjects.
+RIDGE_POOLED = "Ridge, pooled (site z)"
+#: The same ridge fitted at each site on that site's training subjects alone.
+RIDGE_SITE = "Ridge, site only (site z)"
+REFERENCES = (MAJORITY, MOTION, RIDGE_POOLED, RIDGE_SITE)
 
 
 def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
