@@ -55,7 +55,8 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
         ("optimiser", "SGD lr 3e-3"), ("optimiser", "Adam lr 1e-3"),
         ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
         ("features", "whole series"), ("features", "windows 32 (step 16)"),
-        ("reference", "Majority class"), ("reference", "Motion only (mean FD)")]
+        ("reference", "Majority class"), ("reference", "Motion only (mean FD)"),
+        ("reference", "Ridge, pooled (site z)"), ("reference", "Ridge, site only (site z)")]
     # the majority class scores every subject alike: AUC 50 % on validation and test
     majority = next(r for r in body if r[1] == "Majority class")
     assert majority[2:4] == ["50.0", "50.0"] and majority[5].startswith("50.0")

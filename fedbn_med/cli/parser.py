@@ -76,6 +76,10 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=positive_int, default=None,
                    help=f"with --compare: seeds per fold, from --seed on (default "
                         f"{COMPARE_SEEDS}); methods are compared cell by cell")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="with --compare --engine inprocess (ABIDE): processes that run the "
+                        "(fold, seed) cells at once (default: the cores, at most the "
+                        "cells); the numbers do not depend on it")
     p.add_argument("--rounds", type=positive_int, default=None,
                    help=f"communication rounds (default {d.get('rounds', 30)})")
     p.add_argument("--local-epochs", type=positive_int, default=None)
