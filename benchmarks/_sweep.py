@@ -205,19 +205,22 @@ def interval_caption(cells: int, unit: str = "(fold, seed) cells", *,
 
 def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
                             sites: Sequence[str], *, title: str, notes: str,
-                            extra: Callable[[Comparison], str] | None = None) -> int:
+                            extra: Callable[[Comparison], str] | None = None,
+                            workers: int = 1) -> int:
     """Run the comparison protocol on ``specs``; publish its table, predictions and plot.
 
     The plot shows each method's test balanced accuracy per site and on average at the
     best-validation round, with the corrected 95 % interval. ``extra`` adds a section
     to the report from the comparison (e.g. ``paper_table``'s verdict against the
-    paper). Returns the exit status 0.
+    paper). ``workers``: processes that run the cells at once (the same numbers).
+    Returns the exit status 0.
     """
     from fedbn_med.evaluation.report import csv_text
     from fedbn_med.evaluation.runner import run_comparison
 
     bench.runs += len(specs) * len(bench.cells)
-    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
+    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True,
+                                workers=workers)
     table = comparison.report()
     section = extra(comparison) if extra is not None else ""
     if section:

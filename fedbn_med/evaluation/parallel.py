@@ -17,14 +17,16 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from itertools import groupby
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
 
-__all__ = ["default_workers", "run_cells"]
+__all__ = ["default_workers", "map_cells", "run_cells"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def default_workers(specs: Sequence[RunSpec]) -> int:
@@ -113,3 +115,28 @@ def run_cells(specs: Sequence[RunSpec], *, workers: int, tracking_uri: str | Non
                 if on_cell is not None:
                     on_cell(len(group))
     return [results[i] for i in range(len(specs))]
+
+
+def map_cells(function: Callable[..., T], arguments: Sequence[tuple[Any, ...]], workers: int,
+              *, on_done: Callable[[int], None] | None = None) -> list[T]:
+    """Return ``[function(*a) for a in arguments]``, computed in ``workers`` processes.
+
+    ``function`` must be importable by name (a module-level function); ``on_done`` is
+    called with each finished item's index, in the order they finish. The results come
+    back in the order of ``arguments``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers}.")
+    out: dict[int, T] = {}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(arguments)) or 1,
+                             mp_context=context) as pool:
+        pending = {pool.submit(function, *a): i for i, a in enumerate(arguments)}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = pending.pop(future)
+                out[i] = future.result()
+                if on_done is not None:
+                    on_done(i)
+    return [out[i] for i in range(len(arguments))]
