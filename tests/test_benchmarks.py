@@ -95,8 +95,9 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
         assert ("Reference rows on the same cells (validation balanced accuracy, site mean): "
                 "Majority class 50.0") in printed
     if name == "heterogeneity":  # the reference rows' columns, majority at 50 %
-        assert header[-2:] == ["majority class (%)", "motion only (%)"]
-        assert all(row[-2].startswith("50.0") for row in body)
+        assert header[-4:] == ["majority class (%)", "motion only (%)", "ridge, pooled (%)",
+                               "ridge, site only (%)"]
+        assert all(row[-4].startswith("50.0") for row in body)
     if name in CORRECTED:  # one cell: the one convention's words for no interval
         assert "1 run, no interval" in printed or "corrected 95 % CI" in printed
     if name == "paper_table":  # the verdict the team reads on the held-out sites

@@ -217,11 +217,12 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
     assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
     body = _rows((out / "table.md").read_text(encoding="utf-8"))
     # the reference rows of the same inner splits: no candidate, majority at 50 %
-    assert [r[1] for r in body[-2:]] == ["Majority class", "Motion only (mean FD)"]
-    assert body[-2][2:4] == ["50.0"] * 2 and body[-2][-1] == "reference, not a value"
+    assert [r[1] for r in body[-4:]] == ["Majority class", "Motion only (mean FD)",
+                                         "Ridge, pooled (site z)", "Ridge, site only (site z)"]
+    assert body[-4][2:4] == ["50.0"] * 2 and body[-4][-1] == "reference, not a value"
     # (an inner validation part of this small release may hold one class: AUC undefined)
-    assert set(body[-2][4:6]) <= {"50.0", "nan"}
-    assert not any("**chosen**" in r[-1] for r in body[-2:])
+    assert set(body[-4][4:6]) <= {"50.0", "nan"}
+    assert not any("**chosen**" in r[-1] for r in body[-4:])
     assert "No outer test subject is trained on, fitted on or scored" in printed
     # no nested run saw an outer test subject: every row it holds is outside the fold
     assert seen
