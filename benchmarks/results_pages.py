@@ -158,8 +158,8 @@ def main(argv: Sequence[str] | None = None,
             print(f"wrote {path}")
         elif not path.is_file() or path.read_text(encoding="utf-8") != text:
             stale.append(str(path))
-    for path in stale:
-        print(f"stale: {path} (python benchmarks/results_pages.py --write)")
+    for name in stale:
+        print(f"stale: {name} (python benchmarks/results_pages.py --write)")
     return 1 if stale else 0
 
 
