@@ -55,8 +55,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "RIDGE_POOLED", "RIDGE_SITE", "Cell",
-    "Comparison",
-    "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
+    "Comparison", "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
 ]
 
 #: The two rounds a run is scored at.
