@@ -64,3 +64,7 @@ def test_a_page_is_its_csv_and_a_stale_page_is_named(pages, tmp_path: Path, caps
     assert pages.main(["--check"], spec, docs, tmp_path / "published") == 0
     (docs / "page.md").write_text(text.replace("74.0", "75.0"), encoding="utf-8")
     assert pages.main(["--check"], spec, docs, tmp_path / "published") == 1
+
+
+def test_the_docs_pages_match_the_published_csvs(pages) -> None:
+    assert pages.main(["--check"]) == 0  # else: python benchmarks/results_pages.py --write
