@@ -205,19 +205,22 @@ def interval_caption(cells: int, unit: str = "(fold, seed) cells", *,
 
 def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
                             sites: Sequence[str], *, title: str, notes: str,
-                            extra: Callable[[Comparison], str] | None = None) -> int:
+                            extra: Callable[[Comparison], str] | None = None,
+                            workers: int = 1) -> int:
     """Run the comparison protocol on ``specs``; publish its table, predictions and plot.
 
     The plot shows each method's test balanced accuracy per site and on average at the
     best-validation round, with the corrected 95 % interval. ``extra`` adds a section
     to the report from the comparison (e.g. ``paper_table``'s verdict against the
-    paper). Returns the exit status 0.
+    paper). ``workers``: processes that run the cells at once (the same numbers).
+    Returns the exit status 0.
     """
     from fedbn_med.evaluation.report import csv_text
     from fedbn_med.evaluation.runner import run_comparison
 
     bench.runs += len(specs) * len(bench.cells)
-    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True)
+    comparison = run_comparison(specs, bench.folds, bench.seeds, progress=True,
+                                workers=workers)
     table = comparison.report()
     section = extra(comparison) if extra is not None else ""
     if section:
@@ -255,11 +258,12 @@ def publish_site_comparison(bench: Benchmark, specs: Mapping[str, RunSpec],
 
 
 class _InnerSite(NamedTuple):
-    """One site's inner split, with the labels and mean FD the reference rows read."""
+    """One site's inner split, with the labels, mean FD and features the references read."""
 
     split: Split
     labels: np.ndarray
     mean_fd: np.ndarray
+    features: np.ndarray
 
 
 def inner_references(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_fold: int,
@@ -293,7 +297,8 @@ def _inner_splits(sites: Sequence[str], spec: RunSpec, inner_folds: int, inner_f
                              inner_folds=inner_folds, inner_fold=inner_fold,
                              seed=repetition_split_seed(site.split_seed, spec.seed))
         out[name] = _InnerSite(split, np.asarray(feats.labels),
-                               np.asarray(feats.mean_fd, dtype=np.float64))
+                               np.asarray(feats.mean_fd, dtype=np.float64),
+                               np.asarray(feats.features))
     return out
 
 

@@ -463,8 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     notes += ("\nReference rows: the majority class and motion alone (a logistic regression "
               "on mean FD), fitted per site on the same runs' training subjects"
               + (" (inner)" if inner_folds else "") + " and scored as the values are, "
-              "predicting at 0.5 (FedBN at the run's threshold); they are no candidate "
-              "value.")
+              "predicting at 0.5 (FedBN at the run's threshold); and ridge regression on "
+              "whole-series connectivity z-scored per site, pooled over the sites or at "
+              "each site alone, its penalty chosen by leave-one-out on the training "
+              "subjects; they are no candidate value.")
 
     def plot(path: Path) -> Path:
         labels = [f"{a}: {v.label}"[:28] for a, v in rows_of]

@@ -127,11 +127,14 @@ def _gap_cells(comparison: Comparison) -> tuple[tuple[float, float, float], list
 
 
 #: The reference rows' columns: fitted per site on each cell's training subjects.
-REFERENCE_HEADER = ("majority class (%)", "motion only (%)")
+REFERENCE_HEADER = ("majority class (%)", "motion only (%)", "ridge, pooled (%)",
+                    "ridge, site only (%)")
 REFERENCE_CAPTION = ("The majority class and motion alone (a logistic regression on mean "
                      "FD) are fitted per site on the training subjects of the same cells and "
                      "predict at 0.5, as in every comparison (the methods at the run's "
-                     "threshold)")
+                     "threshold); the ridge rows are ridge regressions on whole-series "
+                     "connectivity z-scored per site, pooled or per site, fitted on the "
+                     "same training subjects with the penalty chosen by leave-one-out there")
 
 
 def _reference_cells(bench: Benchmark, **changes: object) -> tuple[Comparison, list[str]]:

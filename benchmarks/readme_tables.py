@@ -44,11 +44,22 @@ def problems(readme_text: str) -> list[str]:
                        f"(run python benchmarks/readme_tables.py --write)")
         if meta.get("check") == "comparison":
             out.extend(check_comparison(key))
+    # a folder that a docs results page renders (benchmarks/results_pages.py) is checked
+    # there: its hashes and its figures here, its page by results_pages.py --check
+    from results_pages import PAGES
+
+    on_pages = {key for key, _ in PAGES.values()}
+    for key in sorted(on_pages - set(found)):
+        if (PUBLISHED_DIR / key).is_dir():
+            out.extend(check_hashes(key))
+            if load_meta(key).get("check") == "comparison":
+                out.extend(check_comparison(key))
     if PUBLISHED_DIR.is_dir():
         for folder in sorted(p for p in PUBLISHED_DIR.iterdir() if p.is_dir()):
-            if folder.name not in found:
+            if folder.name not in found and folder.name not in on_pages:
                 out.append(f"benchmarks/published/{folder.name}/ has no README block "
-                           f"<!-- results:{folder.name} -->")
+                           f"<!-- results:{folder.name} --> and no docs results page "
+                           "(benchmarks/results_pages.py)")
     return out
 
 

@@ -9,7 +9,8 @@ file in ``sites/``; ``--data-dir`` is the folder holding ``ABIDE_pcp/`` (the rea
 Preprocessed release, or any release in its layout).
 
     python benchmarks/real_compare.py --data-dir DIR --sites PITT,YALE,KKI,TRINITY
-                                      [--strategies fedavg,fedbn] [--quick] [--rounds R]
+                                      [--strategies fedavg,fedbn,fedbn:linear] [--quick]
+                                      [--rounds R] [--workers N]
                                       [--folds N] [--seeds S] [--weighting samples|equal]
                                       [--connectivity correlation|tangent]
                                       [--model mlp|linear] [--weight-decay W]
@@ -55,6 +56,12 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _label(name: str) -> str:
+    """Return a row's label: ``FedBN``, or ``FedBN linear`` for ``fedbn:linear``."""
+    strategy, _, model = name.partition(":")
+    return LABELS.get(strategy, strategy) + (f" {model}" if model else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every strategy on every (fold, seed) of the given sites; publish the tables."""
     parser = make_parser(NAME, __doc__.splitlines()[0],
@@ -62,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          quick=Budget(rounds=3, folds=1, seeds=1))
     parser.add_argument("--strategies", type=_names, default=STRATEGIES,
                         help=f"comma-separated strategies (default {','.join(STRATEGIES)})")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes that run the (fold, seed) cells at once (default 1; "
+                             "the numbers do not depend on it)")
     parser.add_argument("--weighting", choices=("samples", "equal"), default="samples",
                         help="how shared weights are averaged (default samples)")
     default = Settings().connectivity
@@ -108,22 +118,25 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"wd{args.weight_decay:g}" if args.weight_decay != Settings().weight_decay else "",
              f"b{args.batch_size}" if args.batch_size != DEFAULTS["batch_size"] else "",
              f"w{args.windows}" if features == "correlation" and args.windows != windows
-             else "", "fdreg" if args.fd_regression else ""]
+             else "", "fdreg" if args.fd_regression else "",
+             "linear_rows" if any(":" in s for s in args.strategies) else ""]
     bench.set_variant("-".join(p for p in parts if p) or None)
     from fedbn_med.fl.registry import STRATEGIES as KNOWN
 
-    unknown = [s for s in args.strategies if s not in KNOWN]
+    unknown = [s for s in args.strategies if s.partition(":")[0] not in KNOWN
+               or s.partition(":")[2] not in ("", *MODELS)]
     if unknown:
         parser.error(f"unknown strategy {unknown[0]!r} in --strategies; valid strategies: "
-                     f"{', '.join(sorted(KNOWN))}")
+                     f"{', '.join(sorted(KNOWN))}, each optionally with ':MODEL' (MODEL "
+                     f"one of {', '.join(MODELS)})")
     sites = args.sites = tuple(args.sites or SITES)
-    specs = {LABELS.get(s, s): strategy_config(bench, s, sites=sites,
-                                               weighting=args.weighting,
-                                               connectivity=features, model=args.model,
-                                               windows=args.windows,
-                                               weight_decay=args.weight_decay,
-                                               batch_size=args.batch_size,
-                                               fd_regression=args.fd_regression)
+    specs = {_label(s): strategy_config(bench, s.partition(":")[0], sites=sites,
+                                        weighting=args.weighting, connectivity=features,
+                                        model=s.partition(":")[2] or args.model,
+                                        windows=args.windows,
+                                        weight_decay=args.weight_decay,
+                                        batch_size=args.batch_size,
+                                        fd_regression=args.fd_regression)
              for s in args.strategies}
     data = args.data_dir or "the built-in cohort"
     spec = next(iter(specs.values()))
@@ -139,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{spec.lr:g}, batch {spec.batch_size}, {spec.local_epochs} local epoch(s) per "
              f"round, dropout {spec.dropout:g}, weighting {args.weighting}.")
     return publish_site_comparison(
-        bench, specs, sites, notes=notes,
+        bench, specs, sites, notes=notes, workers=args.workers,
         title=f"ABIDE {', '.join(sites)}: {args.rounds} rounds, {len(bench.cells)} cells")
 
 

@@ -246,6 +246,13 @@ class RunSpec:
         """
         base = task_defaults(task)
         settings = base.pop("settings")
+        strategy = changes.get("strategy")
+        if isinstance(strategy, str) and ":" in strategy:  # "fedbn:linear": the network too
+            name, _, model = strategy.partition(":")
+            if not hasattr(settings, "model"):
+                raise ValueError(f"Strategy '{strategy}' names a network after ':', and task "
+                                 f"'{task}' has no choice of network; use '{name}'.")
+            changes = {**changes, "strategy": name, "model": model}
         fields = {f.name for f in dataclasses.fields(cls)}
         setting_names = {f.name for f in dataclasses.fields(settings)}
         unknown = sorted(set(changes) - fields - setting_names)
@@ -281,8 +288,15 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        """Return the strategy's display name (``fedbn+prox(mu=0.01)``)."""
-        return self.strategy_obj().label
+        """Return the strategy's display name (``fedbn+prox(mu=0.01)``).
+
+        A network other than the task's default follows a colon (``fedbn:linear``), as
+        :meth:`for_task` reads it back.
+        """
+        model = getattr(self.settings, "model", None)
+        default = getattr(task_defaults(self.task)["settings"], "model", None)
+        suffix = f":{model}" if model is not None and model != default else ""
+        return self.strategy_obj().label + suffix
 
     def input_shape(self) -> tuple[int, ...]:
         """Return the shape of one example the run's network takes."""

@@ -245,7 +245,8 @@ def test_paper_pipeline(bench: Loader, abide_release: Path, store: str, tmp_path
     assert header[:2] == ["pipeline", "method"]
     assert [(r[0], r[1]) for r in body] == [
         ("default", "FedBN"), ("default", "FedAvg"), ("paper", "FedBN"), ("paper", "FedAvg"),
-        ("(either)", "Majority class"), ("(either)", "Motion only (mean FD)")]
+        ("(either)", "Majority class"), ("(either)", "Motion only (mean FD)"),
+        ("(either)", "Ridge, pooled (site z)"), ("(either)", "Ridge, site only (site z)")]
     for row in body[:4]:
         assert all(0 <= _numbers(c)[0] <= 100 for c in row[2:6])
         assert _numbers(row[6])[0] >= 0  # the best test round is never below the honest one
@@ -375,15 +376,16 @@ def test_stopping_rule(bench: Loader, abide_release: Path, store: str, tmp_path:
     assert header[1:3] == ["A: inner-test AUC %", "A: minus default (pp) [95 % CI]"]
     rules = [r[0] for r in body]
     assert rules[0] == "best validation loss" and "fixed: round 4" in rules
-    assert rules[-2:] == ["Majority class", "Motion only (mean FD)"]
+    assert rules[-4:] == ["Majority class", "Motion only (mean FD)", "Ridge, pooled (site z)",
+                          "Ridge, site only (site z)"]
     for row in body:
         assert all(0 <= v <= 100 for v in _numbers(row[1]) + _numbers(row[6]))
-    majority = body[-2]
+    majority = body[-4]
     assert majority[1] == "50.0" and majority[3] == "50.0" and majority[4] == "100"
     assert majority[5] == "—" and "reference" in majority[-1]
     rows = _csv(tmp_path / "table.csv")
     assert sum(r["chosen"] == "True" for r in rows) == 1
-    assert not any(r["chosen"] == "True" for r in rows[-2:])
+    assert not any(r["chosen"] == "True" for r in rows[-4:])
     assert {r["runs_A"] for r in rows} == {"2"}  # 1 outer fold x 2 inner folds
     _benchmark_run(store, "stopping_rule")
 

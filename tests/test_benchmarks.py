@@ -27,11 +27,14 @@ BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 EXPERIMENT = "abide-benchmarks"
 SITES = ["NYU", "USM", "UM", "UCLA"]
 
+REFERENCE_ROWS = ["Majority class", "Motion only (mean FD)", "Ridge, pooled (site z)",
+                  "Ridge, site only (site z)"]
+
 # script: (header cells that must appear, first cells of the body rows in order)
 EXPECTED = {
     "paper_table": ([*SITES, "mean"],
                     ["SingleSet", "FedAvg", "FedProx", "FedBN", "Centralized",
-                     "Majority class", "Motion only (mean FD)"]),
+                     *REFERENCE_ROWS]),
     "convergence": (["FedBN loss", "FedAvg loss", "FedProx loss", "FedBN acc (%)",
                      "FedAvg acc (%)", "FedProx acc (%)"], ["1", "2", "4"]),
     "local_epochs": (["rounds", "FedBN (%)", "FedAvg (%)", "FedProx (%)",
@@ -43,7 +46,7 @@ EXPECTED = {
     "privacy_utility": (["target epsilon", "sigma", "epsilon spent (max site)", "mean",
                          "mean AUC"],
                         ["FedBN"] * 4 + ["FedAvg"] * 4
-                        + ["Majority class", "Motion only (mean FD)"]),
+                        + REFERENCE_ROWS),
 }
 
 #: The scripts whose tables give mean [corrected 95 % CI] over the cells (_sweep).
@@ -82,7 +85,7 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
             "replace-one epsilon (max site)")
         private = [row for row in body if row[1] not in ("inf (no DP)", "n/a")]
         assert private and all(float(r[replaced]) > float(r[spent]) for r in private)
-        assert body[-2][-2:] == ["50.0", "50.0"], body[-2]
+        assert body[-4][-2:] == ["50.0", "50.0"], body[-4]  # the majority class
     if name == "convergence":  # the reference rows, on the validation subjects it reads
         assert re.search(r"Reference rows on the same cells \(validation accuracy, site "
                          r"mean\): Majority class \d+\.\d.*; Motion only \(mean FD\) "
@@ -92,8 +95,9 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
         assert ("Reference rows on the same cells (validation balanced accuracy, site mean): "
                 "Majority class 50.0") in printed
     if name == "heterogeneity":  # the reference rows' columns, majority at 50 %
-        assert header[-2:] == ["majority class (%)", "motion only (%)"]
-        assert all(row[-2].startswith("50.0") for row in body)
+        assert header[-4:] == ["majority class (%)", "motion only (%)", "ridge, pooled (%)",
+                               "ridge, site only (%)"]
+        assert all(row[-4].startswith("50.0") for row in body)
     if name in CORRECTED:  # one cell: the one convention's words for no interval
         assert "1 run, no interval" in printed or "corrected 95 % CI" in printed
     if name == "paper_table":  # the verdict the team reads on the held-out sites
@@ -200,9 +204,10 @@ def test_heterogeneity_real_federations(bench, abide_release, store, tmp_path, c
     assert {r["strategy"] for r in rows} >= {"fedbn", "fedavg", "Majority class",
                                              "Motion only (mean FD)"}
     header = next(line for line in printed.splitlines() if line.startswith("| federation"))
-    assert header.rstrip(" |").endswith("majority class (%) | motion only (%)")
+    assert header.rstrip(" |").endswith("majority class (%) | motion only (%) | ridge, pooled "
+                                        "(%) | ridge, site only (%)")
     # the majority class predicts one class at every site: balanced accuracy 50 %
-    assert all(line.split("|")[-3].strip().startswith("50.0") for line in body)
+    assert all(line.split("|")[-5].strip().startswith("50.0") for line in body)
 
 
 def _site_data(labels: list[int]) -> SiteData:

@@ -55,7 +55,8 @@ def test_quick_run_publishes_the_table_and_reuses_its_cells(
         ("optimiser", "SGD lr 3e-3"), ("optimiser", "Adam lr 1e-3"),
         ("stopping rule", "best-validation-loss round"), ("stopping rule", "last round"),
         ("features", "whole series"), ("features", "windows 32 (step 16)"),
-        ("reference", "Majority class"), ("reference", "Motion only (mean FD)")]
+        ("reference", "Majority class"), ("reference", "Motion only (mean FD)"),
+        ("reference", "Ridge, pooled (site z)"), ("reference", "Ridge, site only (site z)")]
     # the majority class scores every subject alike: AUC 50 % on validation and test
     majority = next(r for r in body if r[1] == "Majority class")
     assert majority[2:4] == ["50.0", "50.0"] and majority[5].startswith("50.0")
@@ -216,11 +217,12 @@ def test_nested_sweep_chooses_on_inner_test_subjects_and_publishes_apart(
     assert "A: inner-test AUC %" in header and "choice (inner test only)" in header
     body = _rows((out / "table.md").read_text(encoding="utf-8"))
     # the reference rows of the same inner splits: no candidate, majority at 50 %
-    assert [r[1] for r in body[-2:]] == ["Majority class", "Motion only (mean FD)"]
-    assert body[-2][2:4] == ["50.0"] * 2 and body[-2][-1] == "reference, not a value"
+    assert [r[1] for r in body[-4:]] == ["Majority class", "Motion only (mean FD)",
+                                         "Ridge, pooled (site z)", "Ridge, site only (site z)"]
+    assert body[-4][2:4] == ["50.0"] * 2 and body[-4][-1] == "reference, not a value"
     # (an inner validation part of this small release may hold one class: AUC undefined)
-    assert set(body[-2][4:6]) <= {"50.0", "nan"}
-    assert not any("**chosen**" in r[-1] for r in body[-2:])
+    assert set(body[-4][4:6]) <= {"50.0", "nan"}
+    assert not any("**chosen**" in r[-1] for r in body[-4:])
     assert "No outer test subject is trained on, fitted on or scored" in printed
     # no nested run saw an outer test subject: every row it holds is outside the fold
     assert seen

@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from fedbn_med.evaluation.cell_data import PreparedSite
-from fedbn_med.evaluation.comparison import MAJORITY, MOTION, Cell, Comparison, best_round
+from fedbn_med.evaluation.comparison import (
+    MAJORITY,
+    MOTION,
+    REFERENCES,
+    Cell,
+    Comparison,
+    best_round,
+)
 from fedbn_med.evaluation.metrics import classification_metrics
 from fedbn_med.evaluation.references import reference_cells
 from fedbn_med.evaluation.runner import compare, run_cell
@@ -110,7 +117,7 @@ def _prepared(fd: np.ndarray, labels: np.ndarray, seed: int = 0) -> PreparedSite
     y = torch.as_tensor(labels.copy())
     part = lambda i: (x[torch.as_tensor(i)], y[torch.as_tensor(i)])  # noqa: E731
     return PreparedSite(SiteData(part(split.train), part(split.val), part(split.test)),
-                        split, labels, fd)
+                        split, labels, fd, np.zeros((len(labels), 3)))
 
 
 def test_reference_rows_are_fitted_on_the_training_split() -> None:
@@ -120,7 +127,7 @@ def test_reference_rows_are_fitted_on_the_training_split() -> None:
     fd[3] = np.nan  # a missing FD is imputed, not a crash
     flat = rng.random(80)  # an FD with no link to the diagnosis
     cells = reference_cells(0, 0, {"S": _prepared(fd, labels), "T": _prepared(flat, labels)})
-    majority, motion = cells
+    majority, motion, *_ = cells
     assert (majority.strategy, motion.strategy) == (MAJORITY, MOTION)
     assert majority.scores["best"]["balanced_accuracy"]["S"] == 0.5
     assert majority.scores["best"]["auc"]["mean"] == 0.5
@@ -145,8 +152,9 @@ def comparison(small_cohort: Path) -> Comparison:
 
 
 def test_every_cell_has_its_runs_and_the_reference_rows(comparison: Comparison) -> None:
-    assert comparison.strategies == ["fedavg", "fedbn", MAJORITY, MOTION]
-    assert len(comparison.cells) == 16
+    assert comparison.strategies == ["fedavg", "fedbn", *REFERENCES]
+    assert REFERENCES[:2] == (MAJORITY, MOTION)
+    assert len(comparison.cells) == 24
     assert {(c.fold, c.seed) for c in comparison.cells} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert comparison.test_train_ratio == pytest.approx(0.25, abs=0.02)
 
@@ -308,7 +316,7 @@ def test_reference_rows_for_runs_made_elsewhere(comparison: Comparison,
     spec = RunSpec.for_task("abide", sites=SITES, data_dir=small_cohort)
     alone = Comparison(sites=SITES)
     add_reference_rows(alone, spec, [(1, 1)])
-    assert [c.strategy for c in alone.cells] == [MAJORITY, MOTION]
+    assert [c.strategy for c in alone.cells] == list(REFERENCES)
     here = {c.strategy: c for c in comparison.cells if (c.fold, c.seed) == (1, 1)}
     for cell in alone.cells:
         assert cell.scores == here[cell.strategy].scores

@@ -258,7 +258,8 @@ def test_compare_in_process_prints_the_subject_level_tests(small_cohort, tmp_pat
     assert "Subject-level paired tests" in out
     rows = [line for line in out.splitlines() if line.startswith("| fedbn - ")]
     assert [r.split(" | ")[0] for r in rows if "McNemar" not in r and "p = " in r] == [
-        "| fedbn - fedavg", "| fedbn - Majority class", "| fedbn - Motion only (mean FD)"]
+        "| fedbn - fedavg", "| fedbn - Majority class", "| fedbn - Motion only (mean FD)",
+        "| fedbn - Ridge, pooled (site z)", "| fedbn - Ridge, site only (site z)"]
     # the comparison's MLflow run holds each subject's pooled out-of-fold prediction
     import csv
 

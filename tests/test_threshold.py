@@ -113,7 +113,8 @@ def test_the_threshold_benchmark_chooses_on_validation_and_publishes_both(
                        f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
     with open(out / "table.csv", newline="", encoding="utf-8") as handle:
         rows = {r["threshold"]: r for r in csv.DictReader(handle)}
-    assert set(rows) == {"0.5", "site_prior", "Majority class", "Motion only (mean FD)"}
+    assert set(rows) == {"0.5", "site_prior", "Majority class", "Motion only (mean FD)",
+                         "Ridge, pooled (site z)", "Ridge, site only (site z)"}
     assert sum(r["chosen"] == "True" for r in rows.values()) == 1
     assert rows["0.5"]["chosen"] == "True" or rows["site_prior"]["chosen"] == "True"
     # the majority class predicts one class everywhere: balanced accuracy and AUC 0.5

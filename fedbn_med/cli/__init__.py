@@ -96,9 +96,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.serve:
         return serve_mode(args, spec, tracking_uri, workdir)
     compare = compare_list(args)
-    if not compare and (args.folds is not None or args.seeds is not None):
-        raise ValueError("--folds and --seeds go with --compare; for one run, choose its "
-                         "fold with --fold and its seed with --seed.")
+    if not compare and (args.folds is not None or args.seeds is not None
+                        or args.workers is not None):
+        raise ValueError("--folds, --seeds and --workers go with --compare; for one run, "
+                         "choose its fold with --fold and its seed with --seed.")
     if compare:
         folds = range(args.folds or spec.n_folds)
         seeds = range(spec.seed, spec.seed + (args.seeds or COMPARE_SEEDS))
@@ -134,6 +135,17 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
     shared = bool(compare_list(args)) and args.engine == "inprocess"
+    if shared and local and local[0].task == "abide":  # the cells in parallel processes
+        from tqdm.auto import tqdm
+
+        from fedbn_med.evaluation.parallel import default_workers, run_cells
+
+        with tqdm(total=len(local), desc="compare", unit="run", disable=args.quiet) as bar:
+            for spec, result in zip(local, run_cells(
+                    local, workers=args.workers or default_workers(local),
+                    tracking_uri=tracking_uri, on_cell=bar.update)):
+                by_spec[id(spec)] = result
+        return [by_spec[id(s)] for s in specs]
     for spec, prepared, sites in _with_cells(local, shared):
         by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
                                         progress=not args.quiet, prepared=prepared,

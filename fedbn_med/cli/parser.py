@@ -127,6 +127,10 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     train.add_argument("--seeds", type=positive_int, default=None,
                        help=f"with --compare: seeds per fold, from --seed on (default "
                             f"{COMPARE_SEEDS}); methods are compared cell by cell")
+    train.add_argument("--workers", type=positive_int, default=None,
+                       help="with --compare --engine inprocess (ABIDE): processes that run "
+                            "the (fold, seed) cells at once (default: the cores, at most the "
+                            "cells); the numbers do not depend on it")
 
     fed = p.add_argument_group("federation")
     fed.add_argument("--engine", choices=("flower", "inprocess"), default=engine,

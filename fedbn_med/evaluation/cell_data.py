@@ -29,12 +29,17 @@ __all__ = ["PreparedSite", "prepare_sites", "with_features"]
 
 @dataclass(frozen=True, eq=False)
 class PreparedSite:
-    """One site's data for one (fold, seed): its tensors, split, labels and mean FD."""
+    """One site's data for one (fold, seed): its tensors, split, labels and mean FD.
+
+    ``features``: every subject's whole-series connectivity, in subject order (what the
+    linear reference rows are fitted on, whatever the method's own features).
+    """
 
     data: SiteData
     split: Split
     labels: np.ndarray
     mean_fd: np.ndarray
+    features: np.ndarray
 
 
 def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
@@ -64,7 +69,8 @@ def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
 
         data = SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
         out[name] = PreparedSite(data, split, np.asarray(feats.labels),
-                                 np.asarray(feats.mean_fd, dtype=np.float64))
+                                 np.asarray(feats.mean_fd, dtype=np.float64),
+                                 np.asarray(feats.features))
     return out
 
 

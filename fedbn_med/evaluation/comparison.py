@@ -54,8 +54,8 @@ from fedbn_med.tasks import Selection
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "Cell", "Comparison",
-    "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
+    "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "RIDGE_POOLED", "RIDGE_SITE", "Cell",
+    "Comparison", "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
 ]
 
 #: The two rounds a run is scored at.
@@ -65,7 +65,11 @@ METRICS = ("balanced_accuracy", "auc", "accuracy")
 #: The reference rows of every table.
 MAJORITY = "Majority class"
 MOTION = "Motion only (mean FD)"
-REFERENCES = (MAJORITY, MOTION)
+#: Ridge on whole-series connectivity, per-site z-scores, every site's training subjects.
+RIDGE_POOLED = "Ridge, pooled (site z)"
+#: The same ridge fitted at each site on that site's training subjects alone.
+RIDGE_SITE = "Ridge, site only (site z)"
+REFERENCES = (MAJORITY, MOTION, RIDGE_POOLED, RIDGE_SITE)
 
 
 def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:

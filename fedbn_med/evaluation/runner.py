@@ -9,7 +9,7 @@ mean validation loss. :func:`compare` builds the methods' specs from strategy na
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from fedbn_med.tasks.abide.sites import SiteConfig
     from fedbn_med.training.inprocess import Federation
 
-__all__ = ["BestRoundKeeper", "compare", "keeping_federation", "run_cell", "run_comparison",
-           "subject_counts", "task_metrics"]
+__all__ = ["BestRoundKeeper", "cell_of_comparison", "compare", "keeping_federation", "run_cell",
+           "run_comparison", "subject_counts", "task_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def _data_of(spec: RunSpec) -> tuple[object, ...]:
 
 def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
                    seeds: Iterable[int], *, progress: bool = False,
-                   split_seed: int | None = None) -> Comparison:
+                   split_seed: int | None = None, workers: int = 1) -> Comparison:
     """Run every method on every (fold, seed) cell, with the reference rows.
 
     Parameters
@@ -192,6 +192,9 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
         seed: the seeds then re-initialise the models only, on fixed splits (the design
         this protocol replaces, kept to measure what it got wrong). The comparison is
         marked ``resplit=False``.
+    workers : int
+        Processes that run cells at once (:mod:`fedbn_med.evaluation.parallel`); a run
+        gives the same numbers in any process, and the cells are added in grid order.
     """
     from tqdm.auto import tqdm
 
@@ -213,18 +216,41 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
     bar = tqdm(total=len(grid) * len(specs), desc="compare", unit="run",
                disable=not progress, dynamic_ncols=True)
     try:
-        for fold, seed in grid:
-            drawn = seed if split_seed is None else split_seed
-            prepared = prepare_sites(first.replace(fold=fold, seed=drawn), sites)
-            for cell in reference_cells(fold, seed, prepared):
-                comparison.add(cell)
-            for label, spec in specs.items():
-                comparison.add(run_cell(spec.replace(fold=fold, seed=seed), label,
-                                        prepared, sites))
-                bar.update(1)
+        if workers > 1 and len(grid) > 1:
+            from fedbn_med.evaluation.parallel import map_cells
+
+            for cells in map_cells(cell_of_comparison, [(dict(specs), f, s, split_seed)
+                                                        for f, s in grid], workers,
+                                   on_done=lambda _: bar.update(len(specs))):
+                for cell in cells:
+                    comparison.add(cell)
+        else:
+            for fold, seed in grid:
+                for cell in cell_of_comparison(specs, fold, seed, split_seed, sites,
+                                               on_run=lambda: bar.update(1)):
+                    comparison.add(cell)
     finally:
         bar.close()
     return comparison
+
+
+def cell_of_comparison(specs: Mapping[str, RunSpec], fold: int, seed: int,
+                       split_seed: int | None = None,
+                       sites: Mapping[str, SiteConfig] | None = None,
+                       on_run: Callable[[], None] | None = None) -> list[Cell]:
+    """Return one (fold, seed) cell of :func:`run_comparison`: reference rows, then methods."""
+    from fedbn_med.tasks.abide.sites import load_sites
+
+    first = next(iter(specs.values()))
+    sites = sites or load_sites(list(first.sites))
+    drawn = seed if split_seed is None else split_seed
+    prepared = prepare_sites(first.replace(fold=fold, seed=drawn), sites)
+    cells = list(reference_cells(fold, seed, prepared))
+    for label, spec in specs.items():
+        cells.append(run_cell(spec.replace(fold=fold, seed=seed), label, prepared, sites))
+        if on_run is not None:
+            on_run()
+    return cells
 
 
 def compare(sites: Sequence[str], data_dir: str | Path | None = None,

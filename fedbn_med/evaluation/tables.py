@@ -15,7 +15,15 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from fedbn_med.evaluation.comparison import AT, MAJORITY, MOTION, Comparison, interval
+from fedbn_med.evaluation.comparison import (
+    AT,
+    MAJORITY,
+    MOTION,
+    RIDGE_POOLED,
+    RIDGE_SITE,
+    Comparison,
+    interval,
+)
 
 __all__ = ["difference_table", "format_interval", "format_stats", "markdown_table", "report",
            "score_table", "subject_table"]
@@ -84,7 +92,11 @@ def report(comparison: Comparison) -> str:
               "is its round with the lowest mean validation loss. Each cell in %: mean "
               "[95 % CI] over the cells, corrected for the subjects the cells share "
               f"(Nadeau-Bengio, n_test/n_train = {comparison.test_train_ratio:.3f})."
-              + (f" '{MAJORITY}' and '{MOTION}' are fitted on each site's training split."
+              + (f" '{MAJORITY}' and '{MOTION}' are fitted on each site's training split;"
+                 f" '{RIDGE_POOLED}' and '{RIDGE_SITE}' are ridge regressions on whole-series"
+                 " connectivity z-scored per site, fitted on every subject outside the test"
+                 " fold (every site's, or the site's own), the penalty chosen by"
+                 " leave-one-out among them."
                  if any(c.reference for c in comparison.cells) else ""))]
     for metric in comparison.metric_names:
         parts.append(f"Test {_NAMES.get(metric, metric)} at the best-validation round:"

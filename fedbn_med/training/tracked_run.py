@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
 __all__ = ["run_tracked"]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between two writes of a run's per-round metrics to MLflow (and one at the end).
+LOG_EVERY_S = 5.0
 
 
 def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: bool = False,
@@ -77,8 +81,20 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
             tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
                  dynamic_ncols=True) as bar:
 
+        # Rounds reach MLflow in batches, every LOG_EVERY_S seconds and at the end: one
+        # write per round cost about as much as the round's training on small models.
+        pending: list[tuple[int, Mapping[str, Mapping[str, float]]]] = []
+        last_write = [time.monotonic()]
+
+        def flush() -> None:
+            tracker.log_rounds(pending)
+            pending.clear()
+            last_write[0] = time.monotonic()
+
         def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-            tracker.log_round(rnd, metrics)
+            pending.append((rnd, {site: dict(m) for site, m in metrics.items()}))
+            if time.monotonic() - last_write[0] >= LOG_EVERY_S:
+                flush()
             bar.set_postfix(progress_postfix(metrics), refresh=False)
             bar.update(1)
 
@@ -96,6 +112,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
                 keeping(rnd, metrics)
 
             history, kept = federation.run(on_round=keep), federation.kept
+        flush()
         result = history.result()
         tracker.log_text(result.table + "\n", "results.md")
         tracker.log_result(history.rows, result.selected_round, result.last_round)

@@ -42,9 +42,14 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-#: The strategies ``--compare`` runs when given no list, in table order.
+#: The strategies ``--compare`` runs when given no list, in table order. ``name:linear``
+#: trains the linear model (``Settings.model``) under that strategy: under FedBN and
+#: SiloBN its input standardiser (a BN layer) stays at each site, which is per-site
+#: standardisation learnt federatedly; beside the ridge reference rows they show what the
+#: MLP adds over a linear model on the same features.
 COMPARE = ("singleset", "fedavg", "fedprox", "fedbn", "silobn", "fedavg_localbn",
-           "fedavg_sitez", "fedavg_combat", "centralized")
+           "fedavg_sitez", "fedavg_combat", "centralized", "fedavg:linear", "fedbn:linear",
+           "silobn:linear")
 
 #: The feature harmonisations (``Settings.harmonize``), each fitted on training rows only
 #: (:mod:`fedbn_med.tasks.abide.harmonize`): none, per-site z-scores, ComBat.

@@ -147,10 +147,44 @@ def _site_covariances(data_dir: str, site: str, site_ids: tuple[str, ...],
     return tuple(out)
 
 
+#: Bump when the window features' computation changes: their disk cache is keyed by it.
+WINDOWS_VERSION = "1"
+
+
 @lru_cache(maxsize=4)
 def _window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
                  file_ids: tuple[str, ...], n_features: int, window: int, step: int
                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Return a site's window rows: from memory, else the disk cache, else computed.
+
+    The disk cache (``<data_dir>/cache/abide_windows_<site>_<key>.npz``, written
+    atomically) is keyed like the feature cache (:mod:`fedbn_med.tasks.abide.data.cache`):
+    the size and modification time of every ROI file read, the subjects, the window and
+    its step, and :data:`WINDOWS_VERSION`; it holds exactly the arrays computed here,
+    so a run reading it trains on the same bits as one computing them.
+    """
+    from fedbn_med.tasks.abide.data.cache import load_arrays, save_arrays, window_cache_path
+
+    path = window_cache_path(Path(data_dir), site, check_abide_files(data_dir, list(site_ids)),
+                             {"windows_version": WINDOWS_VERSION, "file_ids": list(file_ids),
+                              "window": window, "step": step})
+    cached = load_arrays(path, ("rows", "subject"))
+    if cached is not None and cached["rows"].shape[1:] == (n_features,) and (
+            cached["subject"].shape == cached["rows"].shape[:1]):
+        rows, subject = cached["rows"], cached["subject"]
+        logger.debug("%s: window rows read from cache %s", site, path)
+    else:
+        rows, subject = _compute_window_rows(data_dir, site, site_ids, file_ids, n_features,
+                                             window, step)
+        save_arrays(path, {"rows": rows, "subject": subject})
+    for array in (rows, subject):
+        array.setflags(write=False)
+    return rows, subject
+
+
+def _compute_window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
+                         file_ids: tuple[str, ...], n_features: int, window: int, step: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
     transform = SlidingWindowConnectivity(window, step)
     blocks: list[np.ndarray] = []
     owners: list[np.ndarray] = []
@@ -165,8 +199,6 @@ def _window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
     logger.info("%s: %d subjects -> %d windows of %d volumes (step %d).", site,
                 len(file_ids), rows.shape[0], window, step)
     subject = np.concatenate(owners) if owners else np.zeros(0, np.int64)
-    for array in (rows, subject):
-        array.setflags(write=False)
     return rows, subject
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -26,11 +27,13 @@ from fedbn_med.tasks.abide.data.layout import (
     _phenotypic_path,
 )
 
-__all__ = ["FEATURES_VERSION"]
+__all__ = ["FEATURES_VERSION", "load_arrays", "save_arrays", "window_cache_path"]
 
 # Bump when the feature computation changes, so stale caches are not reused.
 FEATURES_VERSION = "1"
 _CACHE_DIRNAME = "cache"
+
+logger = logging.getLogger(__name__)
 
 
 def _stat(path: Path) -> list[object]:
@@ -104,3 +107,43 @@ def _load_cache(path: Path) -> tuple[SiteFeatures, list[tuple[str, str]]]:
         )
         skipped = [(str(a), str(b)) for a, b in data["skipped"]]
     return result, skipped
+
+
+def window_cache_path(root: Path, site: str, selected: pd.DataFrame,
+                      options: Mapping[str, object]) -> Path:
+    """Return where a site's window rows for these inputs and options are cached.
+
+    Keyed as the features are (every selected ROI file's size and modification time,
+    the phenotypic table, the built-in cohort's version) and by ``options``.
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", site)
+    return root / _CACHE_DIRNAME / f"abide_windows_{safe}_{_cache_key(root, selected, options)}.npz"
+
+
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` (``.npz``) atomically; an unwritable cache is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
+    except OSError as exc:  # a read-only data folder: compute every time, as before
+        logger.warning("Not caching %s (%s).", path, exc)
+        return
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub: allow_pickle
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_arrays(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray] | None:
+    """Return the ``keys`` arrays of a cache file; None when absent, unreadable or partial."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: np.array(data[k]) for k in keys}
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        logger.warning("Ignoring unreadable cache %s (%s); recomputing.", path, exc)
+        return None
