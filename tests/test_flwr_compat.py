@@ -201,10 +201,10 @@ def test_another_flwr_version_is_refused_clearly(monkeypatch):
     monkeypatch.delenv("FEDBN_MED_ANY_FLWR", raising=False)
     with pytest.raises(ImportError, match=r"needs flwr==1\.42\.0 .* but flwr 9\.9\.9 is "
                                           r"installed"):
-        compat._check_version()
+        compat.check_flwr_version()
     monkeypatch.setenv("FEDBN_MED_ANY_FLWR", "1")
     with pytest.warns(RuntimeWarning, match="Going on because FEDBN_MED_ANY_FLWR=1"):
-        compat._check_version()
+        compat.check_flwr_version()
 
 
 def test_a_session_with_no_server_fails_with_a_connection_error():

@@ -214,7 +214,8 @@ def test_site_file_noise_floor_the_server_cannot_lower(tmp_path, monkeypatch):
     ("dp_noise = 0.0\ndp_clip = 1.0", "Site NYU .* epsilon is infinite"),
     ("dp_noise = 2.0", "sets dp_noise but no dp_clip"),
     ("dp_noise = 'high'", "'dp_noise' must be a number"),
-    ("dp_delta = 2.0\ndp_clip = 1.0", "epsilon is undefined for dp_delta = 2.0"),
+    # refused when the file is read, before any epsilon is computed (issue 44's range check)
+    ("dp_delta = 2.0\ndp_clip = 1.0", r"'dp_delta' must be above 0 and at most 0.001 .* got 2.0"),
 ])
 def test_site_file_privacy_errors(tmp_path, monkeypatch, extra, message):
     from fedbn_med.tasks.abide.build import build_trainer

@@ -14,21 +14,16 @@ so this module imports flwr internals, and only this module does:
 - :func:`pull_available`, which both sides pull a message's contents with; the server's
   side, :mod:`._flwr_replies`, uses the internals imported here and nowhere else.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`, :data:`RunNotRunning`,
-  :func:`set_message_id`.
-
-The installed flwr must be :data:`FLWR_VERSION`; another raises ``ImportError`` at import
-(``FEDBN_MED_ANY_FLWR=1`` tries anyway, with a warning). ``tests/test_flwr_compat.py``
-checks every internal named here and says what changed.
+  :func:`set_message_id`. The installed flwr must be :data:`FLWR_VERSION`;
+  ``tests/test_flwr_compat.py`` checks every internal named here and says what changed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -41,6 +36,7 @@ from fedbn_med.federation._bounded_http import (
     cap_fab_pulls,
     cap_object_pulls,
 )
+from fedbn_med.federation._flwr_version import FLWR_VERSION, check_flwr_version
 from fedbn_med.federation.fab import check_fab
 
 __all__ = [
@@ -55,25 +51,10 @@ __all__ = [
     "make_message", "make_pull_object_fn_protobuf",
 ]
 
-FLWR_VERSION = "1.42.0"
 MAX_PULLS = 8  #: the most objects of one message pulled at once (its size checked after)
 
 
-def _check_version() -> None:
-    installed = importlib.metadata.version("flwr")
-    if installed == FLWR_VERSION:
-        return
-    message = (f"fedbn-med needs flwr=={FLWR_VERSION} (it uses Flower internals, see "
-               f"{__name__}), but flwr {installed} is installed. Install "
-               f"flwr=={FLWR_VERSION}, or run tests/test_flwr_compat.py to see what changed.")
-    if os.environ.get("FEDBN_MED_ANY_FLWR") == "1":
-        warnings.warn(message + " Going on because FEDBN_MED_ANY_FLWR=1.", RuntimeWarning,
-                      stacklevel=2)
-        return
-    raise ImportError(message)
-
-
-_check_version()
+check_flwr_version()
 
 try:  # every internal in one place: a missing one names itself here, at import
     from flwr.app import Error, Message, Metadata
