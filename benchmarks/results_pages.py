@@ -13,7 +13,7 @@ so a page never holds a figure its CSV does not give.
 
 from __future__ import annotations
 
-import fedbn_med  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
 
 # isort: split
 import argparse

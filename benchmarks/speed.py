@@ -18,6 +18,9 @@ cores that other jobs hold.
 
 from __future__ import annotations
 
+import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
+
+# isort: split
 import argparse
 import hashlib
 import os

@@ -54,7 +54,8 @@ def _parser(script: str):
     from fedbn_med.cli import keys, onboard
     from fedbn_med.cli.parser import build_parser
 
-    tasks = {"abide_fedbn": "abide", "mri_fedbn": "mri", "xray_fedbn": "xray"}
+    tasks = {"abide_fedbn": "abide", "mri_fedbn": "mri", "xray_fedbn": "xray",
+             "histo_fedbn": "histo"}
     if script in tasks:
         return build_parser(tasks[script])
     return {"onboard_site": onboard.build_parser(),
