@@ -1,8 +1,7 @@
 """Onboard a site that took no part in training: shared weights + its own BN layers.
 
-Weights from ``--checkpoint WORKDIR/server/global.safetensors`` or ``--mlflow-run RUN_ID``;
-with neither, a quick FedBN and FedAvg federation is trained in-process first, on the
-task's sites without the new one (``--sites`` to choose them).
+Run with --help for every option; the code is :mod:`fedbn_med.cli.onboard`
+(``fedbn-med onboard`` once the package is installed).
 """
 
 from fedbn_med.cli.onboard import main
