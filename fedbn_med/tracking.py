@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
@@ -38,8 +39,8 @@ _REPO = repo_root()
 _BATCH = 1000  # MLflow takes at most 1000 metrics per batch
 #: where the parent run's curves over rounds are (its headline is the selected round's)
 ROUND_PREFIX = "by_round/"
-#: MLflow 3's experiment tag that decides which view an experiment opens on
-EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "mlflow.experimentKind"  #: the tag of the view MLflow 3 opens an experiment on
+_TRAINING = "custom_model_development"  #: that tag's value for runs of model training
 #: the parent run's table of which sites took part in each round
 SITES_PER_ROUND = "sites_per_round.csv"
 
@@ -174,19 +175,18 @@ class FederationTracker:
         found = self.client.get_experiment_by_name(name)
         if found is not None:
             if EXPERIMENT_KIND not in found.tags:  # a store made before the kind was set
-                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND,
-                                               "custom_model_development")
+                self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, _TRAINING)
             return found.experiment_id
         location = None
-        if self.tracking_uri.startswith("sqlite:///"):
-            # Artifacts next to the database, never in the working directory.
-            db = Path(self.tracking_uri[len("sqlite:///"):])
-            root = db.parent / "artifacts"
+        if self.tracking_uri.startswith("sqlite:///"):  # artifacts beside the db, not in cwd
+            root = Path(self.tracking_uri[len("sqlite:///"):]).parent / "artifacts"
             root.mkdir(parents=True, exist_ok=True)
             location = root.as_uri()
-        # MLflow 3 opens an experiment of no kind on its GenAI overview: ours are runs
-        return self.client.create_experiment(name, artifact_location=location,
-                                             tags={EXPERIMENT_KIND: "custom_model_development"})
+        try:  # of no kind, MLflow 3 opens an experiment on its GenAI overview: ours are runs
+            return self.client.create_experiment(name, artifact_location=location,
+                                                 tags={EXPERIMENT_KIND: _TRAINING})
+        except MlflowException:  # made meanwhile by another process (cells run in parallel)
+            return self._experiment(name)
 
     def _find_children(self) -> None:
         runs = self.client.search_runs(
