@@ -5,8 +5,8 @@ about 7 s on a busy 2-core machine, paid by the ServerApp before round 1 of ever
 that logs into a fresh file. :func:`sqlite_store` gives each test its own file as
 before, copied from one empty store that MLflow migrated once per test session, so the
 store every test reads is still a real MLflow sqlite store, at MLflow's current schema.
-One path keeps creating its store from nothing (``test_hospital_mode_server_and_two_sites``
-in ``tests/test_federation.py``), so that path stays covered end to end.
+The README's own commands (``tests/test_docs_commands.py``) still create their store
+from nothing, in ``./mlflow/`` as a user's would, so that path stays covered end to end.
 """
 
 from __future__ import annotations
