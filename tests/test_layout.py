@@ -276,3 +276,25 @@ def test_the_core_imports_no_task_engine_or_tracker() -> None:
                "fedbn_med.training", "fedbn_med.cli", "fedbn_med.onboarding")
     reached = {name: sorted(t for t in graph[name] if t.startswith(outside)) for name in core}
     assert not any(reached.values()), reached
+
+
+#: Commands that turn one task's raw data into its files: they are that task's tools.
+DATA_TOOLS = {"fedbn_med.cli.rois": "fedbn_med.tasks.abide.scans",
+              "fedbn_med.cli.datalists": "fedbn_med.tasks.imaging.layouts"}
+
+
+def test_the_comparison_and_the_command_line_import_no_task() -> None:
+    # They reach a task through the registry (fedbn_med.tasks: get_task and its hooks,
+    # such as Task.cells), never by importing one of its modules.
+    graph = import_graph(in_functions=True)
+    reached = {}
+    for name in sorted(graph):
+        if not name.startswith(("fedbn_med.evaluation", "fedbn_med.cli")):
+            continue
+        tasks = {t for t in graph[name] if t.startswith("fedbn_med.tasks.")}
+        allowed = DATA_TOOLS.get(name)
+        if allowed is not None:
+            tasks = {t for t in tasks if not (allowed + ".").startswith(t + ".")}
+        if tasks:
+            reached[name] = sorted(tasks)
+    assert not reached, f"modules of a task imported by evaluation/ or cli/: {reached}"

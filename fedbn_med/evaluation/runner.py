@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedbn_med.evaluation.cell_data import PreparedSite, prepare_sites
+from fedbn_med.evaluation.cell_data import PreparedSite, cell_sites, prepare_sites
 from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
 from fedbn_med.evaluation.keeping import BestRoundKeeper, keeping_federation, subject_counts
 from fedbn_med.evaluation.references import reference_cells
@@ -126,8 +126,6 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
     """
     from tqdm.auto import tqdm
 
-    from fedbn_med.tasks.abide.sites import load_sites
-
     if not specs:
         raise ValueError("A comparison needs at least one method; none was given.")
     first = next(iter(specs.values()))
@@ -137,7 +135,7 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
                              f"data; '{label}' has sites {', '.join(spec.sites)} and data "
                              f"{_data_of(spec)}, the first has {', '.join(first.sites)} and "
                              f"{_data_of(first)}.")
-    sites = load_sites(list(first.sites))
+    sites = cell_sites(first)
     comparison = Comparison(sites=tuple(first.sites), n_folds=first.n_folds,
                             resplit=split_seed is None)
     grid = [(f, s) for f in folds for s in seeds]
@@ -167,10 +165,8 @@ def cell_of_comparison(specs: Mapping[str, RunSpec], fold: int, seed: int,
                        sites: Mapping[str, SiteConfig] | None = None,
                        on_run: Callable[[], None] | None = None) -> list[Cell]:
     """Return one (fold, seed) cell of :func:`run_comparison`: reference rows, then methods."""
-    from fedbn_med.tasks.abide.sites import load_sites
-
     first = next(iter(specs.values()))
-    sites = sites or load_sites(list(first.sites))
+    sites = sites or cell_sites(first)
     drawn = seed if split_seed is None else split_seed
     prepared = prepare_sites(first.replace(fold=fold, seed=drawn), sites)
     cells = list(reference_cells(fold, seed, prepared))
