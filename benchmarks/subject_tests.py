@@ -24,8 +24,7 @@ from pathlib import Path
 
 from _published import PUBLISHED_DIR, subject_level_table
 
-from fedbn_med.evaluation.comparison import Comparison
-from fedbn_med.evaluation.out_of_fold import comparison_from_predictions
+from fedbn_med.evaluation.comparison import Comparison, comparison_from_predictions
 
 NAME = "subject_tests"
 FILE = "cell_predictions.csv.gz"

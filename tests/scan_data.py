@@ -9,7 +9,7 @@ import nibabel as nib
 import numpy as np
 import pandas as pd
 
-from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
+from fedbn_med.tasks.abide.data.atlas import HO_LABELS
 from fedbn_med.tasks.abide.scans.atlas import load_atlas
 from fedbn_med.tasks.abide.scans.inputs import MOTION_COLUMNS
 

@@ -51,7 +51,7 @@ def write_release(root: Path, sites: dict[str, int], seed: int = 0) -> Path:
     (each ROI its own amplitude, between 5 and 60 as in C-PAC's output), the 2-voxel
     ROI 3455 all zero in one subject of five, and a ``no_filename`` row in the table.
     """
-    from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
+    from fedbn_med.tasks.abide.data.atlas import HO_LABELS
 
     rng = np.random.default_rng(seed)
     n_rois = len(HO_LABELS)

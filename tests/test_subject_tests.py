@@ -1,6 +1,6 @@
 """Subject-level tests recomputed from a comparison's published per-run predictions.
 
-``fedbn_med.evaluation.out_of_fold.comparison_from_predictions`` and
+``fedbn_med.evaluation.comparison.comparison_from_predictions`` and
 ``benchmarks/subject_tests.py``, on predictions the tests make (the round trip through a
 real benchmark's published files is in ``tests/test_readme_tables.py``).
 """
@@ -17,8 +17,13 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
-from fedbn_med.evaluation.out_of_fold import cell_prediction_rows, comparison_from_predictions
+from fedbn_med.evaluation.comparison import (
+    Cell,
+    Comparison,
+    SitePredictions,
+    comparison_from_predictions,
+)
+from fedbn_med.evaluation.out_of_fold import cell_prediction_rows
 from fedbn_med.evaluation.report import csv_text
 
 KEY = "real_compare-real-PITT_YALE"

@@ -122,6 +122,7 @@ def _workdir(args: argparse.Namespace) -> Path:
 
 def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
              workdir: Path) -> list[dict]:
+    from fedbn_med.evaluation.cell_data import has_cells
     from fedbn_med.federation.run import FlowerOptions, run_flower
     from fedbn_med.training.tracked_run import run_tracked
 
@@ -135,7 +136,7 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
         for spec, result in zip(federated, run_flower(federated, options)):
             by_spec[id(spec)] = result
     shared = bool(compare_list(args)) and args.engine == "inprocess"
-    if shared and local and local[0].task == "abide":  # the cells in parallel processes
+    if shared and local and has_cells(local[0].task):  # the cells in parallel processes
         from tqdm.auto import tqdm
 
         from fedbn_med.evaluation.parallel import default_workers, run_cells
@@ -156,20 +157,19 @@ def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
 
 def _with_cells(specs: list[RunSpec], shared: bool
                 ) -> Iterator[tuple[RunSpec, dict | None, dict | None]]:
-    """Yield each spec with its (fold, seed) cell's prepared ABIDE sites and site files.
+    """Yield each spec with its (fold, seed) cell's prepared sites and site files.
 
-    ``shared`` (an in-process comparison of ABIDE): every method of a cell trains on the
-    same subjects through its own feature chain and keeps each test subject's
-    prediction, for the subject-level tests. The specs come cell by cell, so one cell's
-    sites are held at a time. Otherwise each run prepares its own data (None, None).
+    ``shared`` (an in-process comparison of a task with cells, ABIDE): every method of a
+    cell trains on the same subjects through its own feature chain and keeps each test
+    subject's prediction, for the subject-level tests. The specs come cell by cell, so one
+    cell's sites are held at a time. Otherwise each run prepares its own data (None, None).
     """
-    if not (shared and specs and specs[0].task == "abide"):
+    from fedbn_med.evaluation.cell_data import cell_sites, has_cells, prepare_sites
+
+    if not (shared and specs and has_cells(specs[0].task)):
         yield from ((spec, None, None) for spec in specs)
         return
-    from fedbn_med.evaluation.cell_data import prepare_sites
-    from fedbn_med.tasks.abide.sites import load_sites
-
-    sites = load_sites(list(specs[0].sites))
+    sites = cell_sites(specs[0])
 
     def cell(spec: RunSpec) -> tuple[int, int]:
         return spec.fold, spec.seed

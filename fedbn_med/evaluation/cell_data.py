@@ -1,30 +1,30 @@
 """One cell's data: every site loaded and split for a (fold, seed), and a method's features.
 
-:func:`prepare_sites` loads each site's whole-series features and draws its split from
-the site's split seed and the repetition seed
-(:func:`fedbn_med.tasks.abide.splits.repetition_split_seed`), so that every method of a
-cell and its reference rows see the same subjects; validation is carved from the training
-part only. :func:`with_features` rebuilds the rows of a method whose strategy or settings
-transform the features (per-site z, ComBat, FD regression, sliding windows, tangent
-space), fitted on the training rows only, on the same split.
+:class:`PreparedSite` is what a subject-level comparison reads of a site. The task makes
+them, through its :class:`~fedbn_med.tasks.Cells` hook (ABIDE's:
+:mod:`fedbn_med.tasks.abide.cells`): :func:`prepare_sites` loads each site and draws its
+split for the cell, so that every method of a cell and its reference rows see the same
+subjects; :func:`with_features` rebuilds the rows of a method whose settings transform
+the features, on the same split; :func:`cell_sites` loads the sites' files once for a
+cell's runs. This module names no task.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
-    from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.tasks import Cells
     from fedbn_med.tasks.abide.splits import Split
     from fedbn_med.training.trainer import SiteData
 
-__all__ = ["PreparedSite", "prepare_sites", "with_features"]
+__all__ = ["PreparedSite", "cell_sites", "has_cells", "prepare_sites", "task_cells",
+           "with_features"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,59 +42,59 @@ class PreparedSite:
     features: np.ndarray
 
 
-def prepare_sites(spec: RunSpec, sites: Mapping[str, SiteConfig] | None = None
+def has_cells(task: str) -> bool:
+    """Return whether a task prepares cells for subject-level comparisons."""
+    from fedbn_med.tasks import get_task
+
+    return get_task(task).cells is not None
+
+
+def task_cells(task: str) -> Cells:
+    """Return a task's :class:`~fedbn_med.tasks.Cells` hook.
+
+    Raises
+    ------
+    ValueError
+        For a task without one, naming the tasks that have one.
+    """
+    from fedbn_med.tasks import get_task, task_names
+
+    cells = get_task(task).cells
+    if cells is None:
+        able = []
+        for name in task_names():
+            try:
+                if get_task(name).cells is not None:
+                    able.append(name)
+            except (ImportError, ValueError):  # a broken outside task is not one
+                continue
+        raise ValueError(f"Task '{task}' prepares no cells for a subject-level comparison "
+                         f"(its Task.cells is None). Tasks that do: "
+                         f"{', '.join(able) or 'none'}.")
+    return cells
+
+
+def cell_sites(spec: RunSpec) -> dict[str, Any]:
+    """Return the site files of ``spec``'s sites, as its task's cells read them."""
+    return dict(task_cells(spec.task).load_sites(list(spec.sites)))
+
+
+def prepare_sites(spec: RunSpec, sites: Mapping[str, Any] | None = None
                   ) -> dict[str, PreparedSite]:
-    """Load every site of ``spec`` and split it for the spec's fold and repetition seed."""
-    import torch
+    """Load every site of ``spec`` and split it for the spec's fold and repetition seed.
 
-    from fedbn_med.tasks.abide.build import resolve_site_data_dir
-    from fedbn_med.tasks.abide.data import load_site_features
-    from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.tasks.abide.splits import repetition_split_seed, site_splits
-    from fedbn_med.training.trainer import SiteData
-
-    sites = sites or load_sites(list(spec.sites))
-    out = {}
-    for name, site in sites.items():
-        feats = load_site_features(resolve_site_data_dir(site, spec), site.abide_site_ids,
-                                   name=site.name)
-        split = site_splits(feats.labels, n_folds=spec.n_folds, fold=spec.fold,
-                            seed=repetition_split_seed(site.split_seed, spec.seed))
-        x = torch.tensor(np.asarray(feats.features), dtype=torch.float32)
-        y = torch.tensor(np.asarray(feats.labels), dtype=torch.int64)
-
-        def part(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-            index = torch.as_tensor(np.array(idx, dtype=np.int64))
-            return x[index], y[index]  # noqa: B023 - used within this iteration
-
-        data = SiteData(train=part(split.train), val=part(split.val), test=part(split.test))
-        out[name] = PreparedSite(data, split, np.asarray(feats.labels),
-                                 np.asarray(feats.mean_fd, dtype=np.float64),
-                                 np.asarray(feats.features))
-    return out
+    ``sites``: their files (:func:`cell_sites`), loaded when omitted.
+    """
+    return dict(task_cells(spec.task).prepare(spec, sites))
 
 
 def with_features(spec: RunSpec, prepared: Mapping[str, PreparedSite],
-                  sites: Mapping[str, SiteConfig] | None = None
-                  ) -> Mapping[str, PreparedSite]:
+                  sites: Mapping[str, Any] | None = None) -> Mapping[str, PreparedSite]:
     """Return the sites' data with the spec's feature chain applied, when it has one.
 
-    :func:`prepare_sites` gives whole-series features, which every method of a cell and
-    the reference rows share. A method whose strategy or settings transform them (per-site
-    z, ComBat, FD regression, sliding windows, tangent space) gets its rows built as a run
-    of it builds them (:func:`fedbn_med.tasks.abide.build.prepare_site_data`, fitted on
-    the training rows only), on the same split: each site's ``split``, which on fixed
-    splits (``run_comparison(..., split_seed=...)``) is not the spec's own repetition's.
-    ``sites``: their site files, loaded from ``sites/`` when omitted.
+    :func:`prepare_sites` gives the features every method of a cell and the reference
+    rows share; a method whose settings transform them gets its rows built as a run of
+    it builds them, on the same split (each site's ``split``, which on fixed splits is not
+    the spec's own repetition's); ``prepared`` itself when it has no such chain.
     """
-    from fedbn_med.tasks.abide.build import has_feature_chain, prepare_site_data
-
-    if not has_feature_chain(spec):
-        return prepared
-    if sites is None:
-        from fedbn_med.tasks.abide.sites import load_sites
-
-        sites = load_sites(list(prepared))
-    return {name: dataclasses.replace(p, data=prepare_site_data(sites[name], spec, p.split))
-            for name, p in prepared.items()}
-
+    return task_cells(spec.task).with_features(spec, prepared, sites)

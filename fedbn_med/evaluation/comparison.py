@@ -21,9 +21,11 @@ Intervals account for what the cells share: the corrected resampled t
 (:func:`fedbn_med.evaluation.intervals.corrected_t_interval`, Nadeau-Bengio /
 Bouckaert-Frank) over the cells, with the naive t beside it for the paired differences.
 
-This module holds how one run is scored (:func:`best_round`, :func:`scores_at`), its
-:class:`Cell`, and the :class:`Comparison` of cells with its intervals and MLflow
-figures. The rest of the protocol lives beside it:
+This module holds the :class:`Comparison` of cells with its intervals and MLflow figures,
+and rebuilds one from its per-subject rows (:func:`comparison_from_predictions`); it
+re-exports how one run is scored (:func:`best_round`, :func:`scores_at`, from
+:mod:`fedbn_med.evaluation.selection`) and its :class:`Cell` (from
+:mod:`fedbn_med.evaluation.cells`). The rest of the protocol lives beside it:
 
 - :mod:`fedbn_med.evaluation.cell_data`: each site's data, split for one (fold, seed),
   with a method's own feature chain;
@@ -41,104 +43,34 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
+from fedbn_med.evaluation.cells import (
+    AT,
+    MAJORITY,
+    METRICS,
+    MOTION,
+    REFERENCES,
+    RIDGE_POOLED,
+    RIDGE_SITE,
+    Cell,
+    SitePredictions,
+    interval,
+)
+from fedbn_med.evaluation.intervals import corrected_t_interval
 from fedbn_med.evaluation.pairing import paired_differences
 from fedbn_med.evaluation.selection import RunningBest, best_round, scores_at
-from fedbn_med.tasks import Selection
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "AT", "MAJORITY", "METRICS", "MOTION", "REFERENCES", "RIDGE_POOLED", "RIDGE_SITE", "Cell",
-    "Comparison", "RunningBest", "SitePredictions", "best_round", "interval", "scores_at",
+    "Comparison", "RunningBest", "SitePredictions", "best_round", "comparison_from_predictions",
+    "interval", "scores_at",
 ]
-
-#: The two rounds a run is scored at.
-AT = ("best", "last")
-#: Scores of every table; the first two are the headline.
-METRICS = ("balanced_accuracy", "auc", "accuracy")
-#: The reference rows of every table.
-MAJORITY = "Majority class"
-MOTION = "Motion only (mean FD)"
-#: Ridge on whole-series connectivity, per-site z-scores, every site's training subjects.
-RIDGE_POOLED = "Ridge, pooled (site z)"
-#: The same ridge fitted at each site on that site's training subjects alone.
-RIDGE_SITE = "Ridge, site only (site z)"
-REFERENCES = (MAJORITY, MOTION, RIDGE_POOLED, RIDGE_SITE)
-
-
-def interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Return (mean, low, high): the mean and its naive Student-t interval.
-
-    With fewer than two finite values the bounds are NaN. For cross-validation cells,
-    which share subjects, use :meth:`Comparison.difference` with ``corrected=True``.
-    """
-    return naive_t_interval(values, level)
-
-
-@dataclass(frozen=True, eq=False)
-class SitePredictions:
-    """One site's test predictions in one run: subject index (in the site), label, P(ASD).
-
-    ``threshold`` is where that run turned a P(ASD) into a predicted ASD at that site
-    (0.5, or the site's own with ``threshold=site_prior``): the subject-level tests of
-    accuracy and balanced accuracy predict with it.
-    """
-
-    index: np.ndarray
-    labels: np.ndarray
-    prob: np.ndarray
-    threshold: float = 0.5
-
-    @property
-    def predicted(self) -> np.ndarray:
-        """Return the predicted classes (bool, ASD True) at the run's threshold."""
-        return np.asarray(self.prob) >= self.threshold
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One run of a comparison: a strategy on one (fold, seed), scored at both rounds."""
-
-    strategy: str
-    fold: int
-    seed: int
-    best_round: int
-    last_round: int
-    #: scores[at][metric][site or "mean"]
-    scores: dict[str, dict[str, dict[str, float]]]
-    #: each site's test predictions at the best round (empty when not recorded)
-    predictions: dict[str, SitePredictions] = field(default_factory=dict)
-    #: subjects (all sites) outside and inside the test fold; 0 when unknown
-    n_train: int = 0
-    n_test: int = 0
-    reference: bool = False
-
-    @classmethod
-    def from_rows(cls, strategy: str, fold: int, seed: int,
-                  rows: Sequence[Mapping[str, object]], *,
-                  predictions: Mapping[str, SitePredictions] | None = None,
-                  n_train: int = 0, n_test: int = 0, reference: bool = False,
-                  metrics: Sequence[str] = METRICS,
-                  selection: Selection | None = None) -> Cell:
-        """Score a run's per-round rows at its best (validation loss) and its last round.
-
-        ``metrics`` are the task's scores (``test_<metric>`` in the rows): by default
-        :data:`METRICS`; the MRI task's are Dice. ``selection`` is the validation metric
-        that picks the best round (a task's ``Task.selection``; by default the loss).
-        """
-        best = (best_round(rows) if selection is None
-                else best_round(rows, selection.metric, lower=selection.lower))
-        last = max(int(r["round"]) for r in rows)  # type: ignore[call-overload]
-        scores = {at: {m: scores_at(rows, rnd, m) for m in metrics}
-                  for at, rnd in (("best", best), ("last", last))}
-        return cls(strategy, fold, seed, best, last, scores, dict(predictions or {}),
-                   n_train, n_test, reference)
 
 
 @dataclass
@@ -328,3 +260,71 @@ class Comparison:
 def _metric_name(label: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in label)
 
+
+def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
+                                sites: Sequence[str] | None = None, *, n_folds: int = 5,
+                                source: str = "rows") -> Comparison:
+    """Rebuild a comparison's per-subject part from its cell prediction rows.
+
+    The rows are :meth:`Comparison.cell_prediction_rows`' (written to a file). The cells
+    hold only their predictions (no per-round scores): enough for
+    :meth:`Comparison.subject_tests`, :meth:`Comparison.out_of_fold` and the subject-level
+    table, which come out as they did from the runs. ``sites`` fixes the column order (default: the
+    order the rows name them); ``n_folds`` is the split's; ``source`` names the rows in
+    errors.
+
+    Raises
+    ------
+    ValueError
+        Naming ``source`` and the row (a csv reader's own line), for a missing field, a
+        number that does not parse, a label other than 0/1 or that differs between runs, a
+        probability outside [0, 1] or a subject listed twice in one cell, a threshold
+        outside [0, 1] or two in one run at one site; and when ``sites`` are not the
+        rows' sites. Rows without a ``threshold`` (files published before it was
+        recorded) were predicted at 0.5.
+    """
+    per_cell: dict[tuple[str, int, int], dict[str, dict[int, tuple[int, float]]]] = {}
+    cuts: dict[tuple[str, int, int, str], float] = {}
+    order: list[str] = []
+    truth: dict[tuple[str, int], int] = {}
+    for count, row in enumerate(rows, start=2):  # line 1 of a file is its header
+        n = getattr(rows, "line_num", count)  # a csv reader knows the file's own line
+        try:
+            key = (str(row["strategy"]), int(str(row["fold"])), int(str(row["seed"])))
+            site, subject = str(row["site"]), int(str(row["subject"]))
+            label, prob = int(str(row["label"])), float(str(row["prob_asd"]))
+            cut = float(str(row.get("threshold") or 0.5))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{source}, row {n}: expected strategy, fold, seed, site, "
+                             f"subject, label and prob_asd ({err})") from None
+        if label not in (0, 1) or not 0.0 <= prob <= 1.0 or not 0.0 <= cut <= 1.0:
+            raise ValueError(f"{source}, row {n}: label must be 0 or 1, prob_asd and "
+                             f"threshold in [0, 1], got {label}, {prob} and {cut}")
+        run = (key[0], key[1], key[2], site)
+        if cuts.setdefault(run, cut) != cut:
+            raise ValueError(f"{source}, row {n}: threshold {cut} differs from "
+                             f"{cuts[run]} of the same run ({key[0]}, fold "
+                             f"{key[1]}, seed {key[2]}) at site {site}")
+        cell = per_cell.setdefault(key, {}).setdefault(site, {})
+        if subject in cell:
+            raise ValueError(f"{source}, row {n}: subject {subject} of site {site} is "
+                             f"listed twice for {key[0]}, fold {key[1]}, seed {key[2]}")
+        if truth.setdefault((site, subject), label) != label:
+            raise ValueError(f"{source}, row {n}: subject {subject} of site {site} has label "
+                             f"{label} here and {truth[(site, subject)]} in another run")
+        cell[subject] = (label, prob)
+        if site not in order:
+            order.append(site)
+    if sites is not None and set(sites) != set(order):
+        raise ValueError(f"{source}: its predictions are of sites {', '.join(order)}, the "
+                         f"comparison's are {', '.join(sites)}")
+    comparison = Comparison(sites=tuple(sites or order), n_folds=n_folds)
+    for (strategy, fold, seed), by_site in per_cell.items():
+        preds = {}
+        for site, subjects in by_site.items():
+            index = np.array(sorted(subjects), dtype=np.int64)
+            preds[site] = SitePredictions(
+                index, np.array([subjects[i][0] for i in index], dtype=np.int64),
+                np.array([subjects[i][1] for i in index]), cuts[(strategy, fold, seed, site)])
+        comparison.add(Cell(strategy, fold, seed, 0, 0, {}, preds))
+    return comparison

@@ -14,7 +14,7 @@ sites.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,8 +31,7 @@ from fedbn_med.evaluation.paired_tests import (
 if TYPE_CHECKING:
     from fedbn_med.evaluation.comparison import Comparison
 
-__all__ = ["cell_prediction_rows", "comparison_from_predictions", "pooled_predictions",
-           "prediction_rows", "subject_tests"]
+__all__ = ["cell_prediction_rows", "pooled_predictions", "prediction_rows", "subject_tests"]
 
 
 def pooled_predictions(comparison: Comparison, strategy: str, at: str = "best"
@@ -236,73 +235,3 @@ def cell_prediction_rows(comparison: Comparison) -> list[dict[str, object]]:
             for c in comparison.cells
             for site, pred in c.predictions.items()
             for i, t, p in zip(pred.index, pred.labels, pred.prob)]
-
-
-def comparison_from_predictions(rows: Iterable[Mapping[str, object]],
-                                sites: Sequence[str] | None = None, *, n_folds: int = 5,
-                                source: str = "rows") -> Comparison:
-    """Rebuild a comparison's per-subject part from :func:`cell_prediction_rows`' rows.
-
-    The cells hold only their predictions (no per-round scores): enough for
-    :func:`subject_tests`, :func:`pooled_predictions` and the subject-level table, which
-    come out as they did from the runs. ``sites`` fixes the column order (default: the
-    order the rows name them); ``n_folds`` is the split's; ``source`` names the rows in
-    errors.
-
-    Raises
-    ------
-    ValueError
-        Naming ``source`` and the row (a csv reader's own line), for a missing field, a
-        number that does not parse, a label other than 0/1 or that differs between runs, a
-        probability outside [0, 1] or a subject listed twice in one cell, a threshold
-        outside [0, 1] or two in one run at one site; and when ``sites`` are not the
-        rows' sites. Rows without a ``threshold`` (files published before it was
-        recorded) were predicted at 0.5.
-    """
-    from fedbn_med.evaluation.comparison import Cell, Comparison, SitePredictions
-
-    per_cell: dict[tuple[str, int, int], dict[str, dict[int, tuple[int, float]]]] = {}
-    cuts: dict[tuple[str, int, int, str], float] = {}
-    order: list[str] = []
-    truth: dict[tuple[str, int], int] = {}
-    for count, row in enumerate(rows, start=2):  # line 1 of a file is its header
-        n = getattr(rows, "line_num", count)  # a csv reader knows the file's own line
-        try:
-            key = (str(row["strategy"]), int(str(row["fold"])), int(str(row["seed"])))
-            site, subject = str(row["site"]), int(str(row["subject"]))
-            label, prob = int(str(row["label"])), float(str(row["prob_asd"]))
-            cut = float(str(row.get("threshold") or 0.5))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{source}, row {n}: expected strategy, fold, seed, site, "
-                             f"subject, label and prob_asd ({err})") from None
-        if label not in (0, 1) or not 0.0 <= prob <= 1.0 or not 0.0 <= cut <= 1.0:
-            raise ValueError(f"{source}, row {n}: label must be 0 or 1, prob_asd and "
-                             f"threshold in [0, 1], got {label}, {prob} and {cut}")
-        run = (key[0], key[1], key[2], site)
-        if cuts.setdefault(run, cut) != cut:
-            raise ValueError(f"{source}, row {n}: threshold {cut} differs from "
-                             f"{cuts[run]} of the same run ({key[0]}, fold "
-                             f"{key[1]}, seed {key[2]}) at site {site}")
-        cell = per_cell.setdefault(key, {}).setdefault(site, {})
-        if subject in cell:
-            raise ValueError(f"{source}, row {n}: subject {subject} of site {site} is "
-                             f"listed twice for {key[0]}, fold {key[1]}, seed {key[2]}")
-        if truth.setdefault((site, subject), label) != label:
-            raise ValueError(f"{source}, row {n}: subject {subject} of site {site} has label "
-                             f"{label} here and {truth[(site, subject)]} in another run")
-        cell[subject] = (label, prob)
-        if site not in order:
-            order.append(site)
-    if sites is not None and set(sites) != set(order):
-        raise ValueError(f"{source}: its predictions are of sites {', '.join(order)}, the "
-                         f"comparison's are {', '.join(sites)}")
-    comparison = Comparison(sites=tuple(sites or order), n_folds=n_folds)
-    for (strategy, fold, seed), by_site in per_cell.items():
-        preds = {}
-        for site, subjects in by_site.items():
-            index = np.array(sorted(subjects), dtype=np.int64)
-            preds[site] = SitePredictions(
-                index, np.array([subjects[i][0] for i in index], dtype=np.int64),
-                np.array([subjects[i][1] for i in index]), cuts[(strategy, fold, seed, site)])
-        comparison.add(Cell(strategy, fold, seed, 0, 0, {}, preds))
-    return comparison

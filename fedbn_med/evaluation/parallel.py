@@ -50,11 +50,10 @@ def _cell_of(spec: RunSpec) -> tuple[int, int]:
 
 def _run_cell(specs: list[RunSpec], tracking_uri: str | None) -> list[dict[str, Any]]:
     """Run every spec of one (fold, seed) cell on the cell's prepared sites (a worker)."""
-    from fedbn_med.evaluation.cell_data import prepare_sites
-    from fedbn_med.tasks.abide.sites import load_sites
+    from fedbn_med.evaluation.cell_data import cell_sites, prepare_sites
     from fedbn_med.training.tracked_run import run_tracked
 
-    sites = load_sites(list(specs[0].sites))
+    sites = cell_sites(specs[0])
     prepared = prepare_sites(specs[0], sites)
     return [run_tracked(spec, tracking_uri=tracking_uri, prepared=prepared, sites=sites)
             for spec in specs]

@@ -13,19 +13,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from fedbn_med.evaluation.cell_data import PreparedSite, prepare_sites, with_features
-from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison, SitePredictions
+from fedbn_med.evaluation.cell_data import PreparedSite, cell_sites, prepare_sites
+from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
+from fedbn_med.evaluation.keeping import BestRoundKeeper, keeping_federation, subject_counts
 from fedbn_med.evaluation.references import reference_cells
-from fedbn_med.evaluation.selection import RunningBest
 from fedbn_med.spec import settings_module
-from fedbn_med.tasks import Selection
 
 if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
-    from fedbn_med.training.inprocess import Federation
 
 __all__ = ["BestRoundKeeper", "cell_of_comparison", "compare", "keeping_federation", "run_cell",
            "run_comparison", "subject_counts", "task_metrics"]
@@ -41,75 +37,6 @@ def task_metrics(task: str) -> tuple[str, ...]:
     accuracy).
     """
     return tuple(getattr(settings_module(task), "METRICS", METRICS))
-
-
-class BestRoundKeeper:
-    """Keep each site's test predictions at the round the task's selection picks.
-
-    Called after each round (a run's ``on_round``); :attr:`predictions` then holds each
-    site's :class:`~fedbn_med.evaluation.comparison.SitePredictions` at the round
-    selected so far, the run's result when it ends.
-    """
-
-    def __init__(self, trainers: Mapping[str, Any], prepared: Mapping[str, PreparedSite],
-                 selection: Selection) -> None:
-        self.trainers = trainers
-        self.prepared = prepared
-        self.running = RunningBest(selection.metric, selection.lower)
-        self.best = 0
-        self.predictions: dict[str, SitePredictions] = {}
-
-    def __call__(self, rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-        """Take round ``rnd``'s validation scores; keep its predictions if it is selected."""
-        # best_round's rule, round by round; until a round can be selected, the latest
-        # (best_round's fall-back is the last round)
-        if not self.running.take(rnd, metrics.values()) and self.running.best:
-            return
-        self.best = rnd
-        for site, trainer in self.trainers.items():
-            s = self.prepared[site]
-            prob = trainer.predict(s.data.test[0]).numpy().astype(np.float64)
-            groups = s.data.test_groups
-            if groups is not None:  # windows: a subject's P(ASD) is its windows' mean
-                of = groups.numpy()
-                lost = [int(i) for i in s.split.test if not (of == i).any()]
-                if lost:
-                    raise RuntimeError(f"Site {site}: test subject(s) {lost[:3]} have no row in "
-                                       "the site's test data, whose rows were built on "
-                                       "another split.")
-                prob = np.array([prob[of == i].mean() for i in s.split.test])
-            decide = getattr(trainer.objective, "decision_threshold", None)
-            with trainer.scoring_bn():  # the BN statistics the site scored with
-                threshold = 0.5 if decide is None else float(
-                    decide(trainer.model, s.data, trainer.device))
-            self.predictions[site] = SitePredictions(s.split.test.copy(),
-                                                     s.labels[s.split.test].copy(), prob,
-                                                     threshold)
-
-
-def keeping_federation(spec: RunSpec, prepared: Mapping[str, PreparedSite],
-                       sites: Mapping[str, SiteConfig] | None = None
-                       ) -> tuple[Federation, BestRoundKeeper, Mapping[str, PreparedSite]]:
-    """Build ``spec``'s federation on a cell's prepared sites, with its predictions' keeper.
-
-    The sites' rows go through the spec's own feature chain (:func:`with_features`);
-    pass the keeper as the run's ``on_round``. Returns the federation, the keeper and the
-    sites as the spec's features made them.
-    """
-    from fedbn_med.tasks import get_task
-    from fedbn_med.training.inprocess import build_federation
-
-    prepared = with_features(spec, prepared, sites)
-    federation = build_federation(spec, {name: p.data for name, p in prepared.items()})
-    keeper = BestRoundKeeper(federation.trainers, prepared, get_task(spec.task).selection)
-    return federation, keeper, prepared
-
-
-def subject_counts(prepared: Mapping[str, PreparedSite]) -> tuple[int, int]:
-    """Return the subjects of every site outside and inside the test fold."""
-    splits = [p.split for p in prepared.values()]
-    return (sum(s.train.size + s.val.size for s in splits),
-            sum(s.test.size for s in splits))
 
 
 def run_cell(spec: RunSpec, label: str | None = None,
@@ -131,9 +58,10 @@ def run_cell(spec: RunSpec, label: str | None = None,
     prepared : mapping, optional
         The sites' data of a subject-level comparison (:func:`prepare_sites` for this
         spec): the run trains on them, through the spec's own feature chain
-        (:func:`with_features`), and the cell keeps each subject's test prediction at the
-        selected round and the cell's subject counts. When omitted, each site's
-        ``build_site`` prepares its data, and the cell has neither.
+        (:func:`~fedbn_med.evaluation.cell_data.with_features`), and the cell keeps each
+        subject's test prediction at the selected round and the cell's subject counts.
+        When omitted, each site's ``build_site`` prepares its data, and the cell has
+        neither.
     sites : mapping of site name to SiteConfig, optional
         The site files of ``prepared`` (loaded from ``sites/`` when omitted).
     """
@@ -198,8 +126,6 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
     """
     from tqdm.auto import tqdm
 
-    from fedbn_med.tasks.abide.sites import load_sites
-
     if not specs:
         raise ValueError("A comparison needs at least one method; none was given.")
     first = next(iter(specs.values()))
@@ -209,7 +135,7 @@ def run_comparison(specs: Mapping[str, RunSpec], folds: Iterable[int],
                              f"data; '{label}' has sites {', '.join(spec.sites)} and data "
                              f"{_data_of(spec)}, the first has {', '.join(first.sites)} and "
                              f"{_data_of(first)}.")
-    sites = load_sites(list(first.sites))
+    sites = cell_sites(first)
     comparison = Comparison(sites=tuple(first.sites), n_folds=first.n_folds,
                             resplit=split_seed is None)
     grid = [(f, s) for f in folds for s in seeds]
@@ -239,10 +165,8 @@ def cell_of_comparison(specs: Mapping[str, RunSpec], fold: int, seed: int,
                        sites: Mapping[str, SiteConfig] | None = None,
                        on_run: Callable[[], None] | None = None) -> list[Cell]:
     """Return one (fold, seed) cell of :func:`run_comparison`: reference rows, then methods."""
-    from fedbn_med.tasks.abide.sites import load_sites
-
     first = next(iter(specs.values()))
-    sites = sites or load_sites(list(first.sites))
+    sites = sites or cell_sites(first)
     drawn = seed if split_seed is None else split_seed
     prepared = prepare_sites(first.replace(fold=fold, seed=drawn), sites)
     cells = list(reference_cells(fold, seed, prepared))

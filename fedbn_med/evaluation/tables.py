@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedbn_med.evaluation.comparison import (
-    AT,
-    MAJORITY,
-    MOTION,
-    RIDGE_POOLED,
-    RIDGE_SITE,
-    Comparison,
-    interval,
-)
+from fedbn_med.evaluation.cells import AT, MAJORITY, MOTION, RIDGE_POOLED, RIDGE_SITE, interval
+
+if TYPE_CHECKING:
+    from fedbn_med.evaluation.comparison import Comparison
 
 __all__ = ["difference_table", "format_interval", "format_stats", "markdown_table", "report",
            "score_table", "subject_table"]

@@ -1,6 +1,6 @@
 """What a DP epsilon means, stated honestly: the replace-one figure, a warning, seeded noise.
 
-- :func:`replace_one_epsilon`: the accountant of :mod:`fedbn_med.fl.privacy` bounds
+- :func:`replace_one_epsilon`: the accountant of :mod:`fedbn_med.fl.accountant` bounds
   add/remove adjacency (whether one site's contribution, or one patient's, is in an
   update). Replacing one patient by another moves a clipped update by up to ``2 C``
   rather than ``C``, so each release is a Gaussian mechanism of half the noise
@@ -19,6 +19,9 @@ import math
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from fedbn_med.fl.accountant import epsilon
+from fedbn_med.numerics.seeds import derive_seed
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +58,7 @@ def replace_one_epsilon(history: Sequence[tuple[float, float, int]], delta: floa
     Parameters
     ----------
     history : sequence of (noise multiplier, sample rate, releases)
-        The site's releases, as :func:`fedbn_med.fl.privacy.epsilon` takes them.
+        The site's releases, as :func:`fedbn_med.fl.accountant.epsilon` takes them.
     delta : float
         Target delta.
 
@@ -66,8 +69,6 @@ def replace_one_epsilon(history: Sequence[tuple[float, float, int]], delta: floa
         ``2 C``): larger than the add/remove epsilon, by a factor that depends on the
         noise and the rounds (about 2 to 3 in the settings we run).
     """
-    from fedbn_med.fl.privacy import epsilon
-
     return epsilon(0.0, 0, delta, replace_one_history(history))
 
 
@@ -107,7 +108,5 @@ def noise_generator(privacy: UpdatePrivacy, seed: int, site: str, rnd: int
     if not getattr(privacy, "seeded", False):
         return None
     import torch
-
-    from fedbn_med.training.trainer import derive_seed
 
     return torch.Generator().manual_seed(derive_seed(seed, site, rnd, "dp-noise"))

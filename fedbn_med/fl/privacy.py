@@ -6,12 +6,13 @@ noise of standard deviation ``sigma * C`` (``noise`` is ``sigma``) to every coor
 then sends ``global + noisy update``. The server never sees a clean update. BN layers
 never leave a site under FedBN, so they need no noise.
 
-The privacy spent is Opacus's RDP accountant (:class:`opacus.accountants.RDPAccountant`):
-one Gaussian mechanism of noise multiplier ``sigma`` per round, with sampling rate 1
-(every site releases an update in every round it takes part in; nothing is subsampled,
-so there is no amplification by sampling). The guarantee is client-level: it bounds
-what the released updates reveal about whether a site's data, any or all of its
-patients, went into them (add/remove of the site's contribution).
+The privacy spent is Opacus's RDP accountant (:class:`opacus.accountants.RDPAccountant`,
+through :mod:`fedbn_med.fl.accountant`): one Gaussian mechanism of noise multiplier
+``sigma`` per round, with sampling rate 1 (every site releases an update in every round
+it takes part in; nothing is subsampled, so there is no amplification by sampling). The
+guarantee is client-level: it bounds what the released updates reveal about whether a
+site's data, any or all of its patients, went into them (add/remove of the site's
+contribution).
 
 The noise comes from a generator seeded from the operating system's secret randomness
 (:mod:`secrets`), never from the run's seed: the server knows the run's seed, and noise
@@ -37,6 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedbn_med.fl.accountant import (
+    MAX_NOISE,
+    SAMPLE_RATE,
+    check_delta,
+    epsilon,
+    noise_for_epsilon,
+)
+from fedbn_med.fl.dp_terms import replace_one_epsilon, warn_if_large
+
 if TYPE_CHECKING:  # torch is imported where noise is drawn: the run spec stays light
     import torch
 
@@ -44,6 +54,7 @@ if TYPE_CHECKING:  # torch is imported where noise is drawn: the run spec stays 
 
 __all__ = [
     "MAX_NOISE",
+    "SAMPLE_RATE",
     "PrivacyLedger",
     "SitePrivacy",
     "UpdatePrivacy",
@@ -53,72 +64,12 @@ __all__ = [
     "resolve_privacy",
 ]
 
-#: Every site releases one update per round it takes part in: no subsampling.
-SAMPLE_RATE = 1.0
-#: The largest noise multiplier accepted; beyond it the RDP accountant overflows, and
-#: epsilon stops falling long before (1e3 already gives the floor set by delta).
-MAX_NOISE = 1e6
-
-
 def _finite_number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}.")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}.")
     return float(value)
-
-
-def _check_delta(delta: float) -> None:
-    if not 0.0 < delta < 1.0:
-        raise ValueError(
-            f"epsilon is undefined for dp_delta = {delta!r}: delta must be in (0, 1), "
-            "typically below 1 / (number of patients), such as 1e-5.")
-
-
-def epsilon(noise: float, releases: int, delta: float,
-            history: Sequence[tuple[float, float, int]] = ()) -> float:
-    """Return the epsilon of ``releases`` Gaussian releases of noise multiplier ``noise``.
-
-    Parameters
-    ----------
-    noise : float
-        Noise multiplier sigma (noise std / clip norm).
-    releases : int
-        Rounds in which the site released an update with this ``noise``.
-    delta : float
-        Target delta, in (0, 1).
-    history : sequence of (noise, sample_rate, releases)
-        Earlier releases with other settings (Opacus's accountant history).
-
-    Returns
-    -------
-    float
-        Epsilon from Opacus's RDP accountant; ``inf`` when ``noise`` is 0 and
-        ``releases`` > 0; 0 when nothing was released.
-    """
-    from opacus.accountants import RDPAccountant
-
-    _check_delta(delta)
-    steps = [*history, *([(float(noise), SAMPLE_RATE, int(releases))] if releases else [])]
-    if not steps:
-        return 0.0
-    if any(s == 0 for s, _, n in steps if n):
-        return math.inf
-    accountant = RDPAccountant()
-    accountant.history = [(float(s), float(q), int(n)) for s, q, n in steps if n]
-    return float(accountant.get_epsilon(delta=delta))
-
-
-def noise_for_epsilon(target: float, delta: float, releases: int) -> float:
-    """Return the noise multiplier that spends ``target`` epsilon over ``releases`` rounds."""
-    from opacus.accountants.utils import get_noise_multiplier
-
-    _check_delta(delta)
-    if not (target > 0 and math.isfinite(target)):
-        raise ValueError(f"A target epsilon must be a positive finite number, got {target!r}.")
-    return float(get_noise_multiplier(target_epsilon=target, target_delta=delta,
-                                      sample_rate=SAMPLE_RATE, steps=int(releases),
-                                      epsilon_tolerance=0.005))
 
 
 def clip_and_noise(update: Mapping[str, torch.Tensor], clip: float, noise: float,
@@ -177,7 +128,7 @@ class UpdatePrivacy:
         if not 0 <= noise <= MAX_NOISE:
             raise ValueError(f"dp_noise must be a noise multiplier from 0 to {MAX_NOISE:g}, "
                              f"got {self.noise!r}.")
-        _check_delta(delta)
+        check_delta(delta)
         object.__setattr__(self, "clip", clip)
         object.__setattr__(self, "noise", noise)
         object.__setattr__(self, "delta", delta)
@@ -199,8 +150,6 @@ class UpdatePrivacy:
                 f"{who}: the RDP accountant gives epsilon = {eps} for dp_noise = "
                 f"{self.noise:g} over {rounds} rounds at dp_delta = {self.delta:g}; raise "
                 "--dp-noise or lower --rounds.")
-        from fedbn_med.fl.dp_terms import replace_one_epsilon, warn_if_large
-
         warn_if_large(eps, who, seeded=self.seeded, replace_one=replace_one_epsilon(
             [(self.noise, SAMPLE_RATE, rounds)], self.delta))
         return eps

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from fedbn_med.training.trainer import SiteTrainer
 
-__all__ = ["ENTRY_POINT_GROUP", "TASK_NAMES", "BuildSite", "Selection", "Task", "get_task",
-           "lazy", "register_task", "settings_module_name", "task_names"]
+__all__ = ["ENTRY_POINT_GROUP", "TASK_NAMES", "BuildSite", "Cells", "Selection", "Task",
+           "get_task", "lazy", "register_task", "settings_module_name", "task_names"]
 
 
 class BuildSite(Protocol):
@@ -57,6 +57,32 @@ class Selection:
 
     metric: str = "loss"
     lower: bool = True
+
+
+@dataclass(frozen=True)
+class Cells:
+    """How a task prepares a comparison's (fold, seed) cell for the subject-level tests.
+
+    Every method of a cell, and its reference rows, then see the same subjects
+    (:mod:`fedbn_med.evaluation.cell_data` calls these; the comparison's code names no
+    task). The values are :class:`fedbn_med.evaluation.cell_data.PreparedSite`.
+
+    Attributes
+    ----------
+    load_sites : callable
+        ``(names) -> {name: site file}``: the sites' files.
+    prepare : callable
+        ``(spec, sites) -> {site: PreparedSite}``: each site loaded and split for the
+        spec's fold and repetition seed (``sites``: their files, or None to load them).
+    with_features : callable
+        ``(spec, prepared, sites) -> {site: PreparedSite}``: the prepared sites with the
+        spec's own feature chain applied, on the same split (``prepared`` when it has none).
+    """
+
+    load_sites: Callable[[Sequence[str]], Mapping[str, Any]]
+    prepare: Callable[[Any, Mapping[str, Any] | None], Mapping[str, Any]]
+    with_features: Callable[[Any, Mapping[str, Any], Mapping[str, Any] | None],
+                            Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -110,6 +136,10 @@ class Task:
         :mod:`fedbn_med.tasks.generic` (no settings of its own).
     sites : tuple of str
         The task's sites when the run names none (used with the generic settings).
+    cells : Cells or None
+        How a comparison's cell is prepared for subject-level tests (every method on the
+        same subjects, each test subject's prediction kept); None when the task's
+        comparisons score runs only.
     """
 
     name: str
@@ -129,6 +159,7 @@ class Task:
     site_data: Callable[[str, Any], Any] | None = None
     settings: str | None = None
     sites: tuple[str, ...] = ()
+    cells: Cells | None = None
 
 
 def lazy(target: str, *bound: Any) -> Callable[..., Any]:

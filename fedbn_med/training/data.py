@@ -1,11 +1,16 @@
-"""A site's data as tensors, the device it computes on, and the seeds derived per round."""
+"""A site's data as tensors, the device it computes on, and the seeds derived per round.
+
+:func:`derive_seed` lives in :mod:`fedbn_med.numerics.seeds` (the federated core uses it
+too) and is re-exported here.
+"""
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import torch
+
+from fedbn_med.numerics.seeds import derive_seed
 
 __all__ = ["SiteData", "derive_seed", "resolve_device"]
 
@@ -23,12 +28,6 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"Device '{device}' was requested but this machine has no CUDA GPU.")
     return resolved
-
-
-def derive_seed(seed: int, *parts: object) -> int:
-    """Derive a reproducible 31-bit seed from a base seed and labels (site, round)."""
-    text = ":".join([str(int(seed)), *map(str, parts)])
-    return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         if prepared is None:
             history, kept = run_spec(spec, on_round=on_round)
         else:
-            from fedbn_med.evaluation.runner import keeping_federation
+            from fedbn_med.evaluation.keeping import keeping_federation
 
             federation, keeping, prepared = keeping_federation(spec, prepared, sites)
             keeper = keeping
@@ -138,7 +138,7 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
                        keeper.best, result.selected_round)
         keeper = None
     if keeper is not None and prepared is not None:
-        from fedbn_med.evaluation.runner import subject_counts
+        from fedbn_med.evaluation.keeping import subject_counts
 
         n_train, n_test = subject_counts(prepared)
         out.update(predictions=keeper.predictions, n_train=n_train, n_test=n_test)

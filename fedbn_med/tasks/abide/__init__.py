@@ -6,15 +6,16 @@ batch-norm layers stay at their site.
 
 The task's files: ``sites`` (one TOML file per institution), ``data`` (ABIDE PCP files to
 features), ``cohort`` (the built-in ABIDE-format cohort), ``splits`` (per-site folds),
-``model`` (the MLP), ``settings`` and ``build`` (a site's trainer from these, with the
-binary objective :class:`fedbn_med.training.objective.BinaryClassification`). Importing
-this package registers the task (see :mod:`fedbn_med.tasks`) without importing torch: the
-builders are imported when a site or the server model is first built.
+``cells`` (a comparison's cell: the sites split for one fold and seed), ``model`` (the
+MLP), ``settings`` and ``build`` (a site's trainer from these, with the binary objective
+:class:`fedbn_med.training.objective.BinaryClassification`). Importing this package
+registers the task (see :mod:`fedbn_med.tasks`) without importing torch: the builders
+are imported when a site or the server model is first built.
 """
 
 from __future__ import annotations
 
-from fedbn_med.tasks import Task, lazy, register_task
+from fedbn_med.tasks import Cells, Task, lazy, register_task
 from fedbn_med.tasks.abide.settings import Settings
 
 __all__ = ["ABIDE_TASK"]
@@ -30,4 +31,7 @@ ABIDE_TASK = register_task(Task(
     site_data=lazy("fedbn_med.tasks.abide.build:site_data"),
     preload=("fedbn_med.tasks.abide.build", "fedbn_med.tasks.abide.data",
              "fedbn_med.tasks.abide.cohort", "fedbn_med.tasks.abide.splits"),
+    cells=Cells(load_sites=lazy("fedbn_med.tasks.abide.sites:load_sites"),
+                prepare=lazy("fedbn_med.tasks.abide.cells:prepare_sites"),
+                with_features=lazy("fedbn_med.tasks.abide.cells:with_features")),
 ))

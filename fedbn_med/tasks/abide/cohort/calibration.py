@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedbn_med.tasks.abide.cohort.atlas import HO_CENTROIDS_MM, HO_LABELS
+from fedbn_med.tasks.abide.data.atlas import HO_CENTROIDS_MM, HO_LABELS
 
 __all__ = ["SiteSample", "edge_distance", "load_samples", "measure", "reachable_figures"]
 

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
 from fedbn_med.tasks.abide.cohort.signal import _build_template
 from fedbn_med.tasks.abide.cohort.signal_v3 import build_template_v3
+from fedbn_med.tasks.abide.data.atlas import HO_LABELS
 from fedbn_med.tasks.abide.settings import COHORT_VERSION
 
 __all__ = ["dx_pattern", "site_lines"]

@@ -88,14 +88,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.signal import lfilter
 
-from fedbn_med.tasks.abide.cohort.atlas import (
-    HO_CENTROIDS_MM,
-    HO_LABELS,
-    HO_N_VOXELS,
-    HO_SYSTEMS,
-    N_ROIS,
-    _homologue,
-)
 from fedbn_med.tasks.abide.cohort.figures import (
     REFERENCE_DVARS,
     REFERENCE_FBER,
@@ -105,6 +97,14 @@ from fedbn_med.tasks.abide.cohort.figures import (
     REFERENCE_TR_S,
     REFERENCE_VOLUMES,
     SiteFigures,
+)
+from fedbn_med.tasks.abide.data.atlas import (
+    HO_CENTROIDS_MM,
+    HO_LABELS,
+    HO_N_VOXELS,
+    HO_SYSTEMS,
+    N_ROIS,
+    _homologue,
 )
 
 __all__ = [

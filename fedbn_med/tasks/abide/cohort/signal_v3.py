@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedbn_med.tasks.abide.cohort.atlas import N_ROIS
 from fedbn_med.tasks.abide.cohort.figures import (
     REFERENCE_FD_ASD,
     REFERENCE_FD_CONTROL,
@@ -60,6 +59,7 @@ from fedbn_med.tasks.abide.cohort.signal import (
     _symmetric_noise,
     _Template,
 )
+from fedbn_med.tasks.abide.data.atlas import N_ROIS
 
 __all__ = ["V3_STRENGTHS"]
 

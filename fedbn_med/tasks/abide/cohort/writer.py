@@ -33,7 +33,6 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.paths import resolve_data_dir
-from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS, ZERO_ROI_INDEX
 from fedbn_med.tasks.abide.cohort.figures import DEFAULT_SITE_IDS, SITE_FIGURES
 from fedbn_med.tasks.abide.cohort.phenotypes import _site_rows
 from fedbn_med.tasks.abide.cohort.signal import (
@@ -47,6 +46,7 @@ from fedbn_med.tasks.abide.cohort.signal_v3 import (
     build_template_v3,
     subject_series_v3,
 )
+from fedbn_med.tasks.abide.data.atlas import HO_LABELS, ZERO_ROI_INDEX
 from fedbn_med.tasks.abide.data.layout import (
     COHORT_MANIFEST_FILENAME,
     DATASET_DIRNAME,

@@ -1,7 +1,8 @@
 """ABIDE data: load ABIDE Preprocessed (PCP) ROI time series as connectivity features.
 
 One module per job: :mod:`.layout` (where the release keeps its files, which subjects a
-site selects), :mod:`.roi_files` (reading and checking ``.1D`` files), :mod:`.features`
+site selects), :mod:`.atlas` (the Harvard-Oxford ROIs of ``rois_ho``, read from
+``ho_atlas.csv``), :mod:`.roi_files` (reading and checking ``.1D`` files), :mod:`.features`
 (connectivity features), :mod:`.cache` (the on-disk feature cache) and :mod:`.loader`
 (:func:`load_site_features` and :func:`load_abide`, which tie them together).
 """

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fedbn_med.tasks.abide.data.atlas import HO_LABELS
+
 __all__ = ["MIN_VOLUMES", "ROI_COUNTS", "DataFileError", "read_roi_time_series"]
 
 logger = logging.getLogger(__name__)
@@ -180,8 +182,6 @@ def _reference_labels(
     so that no single file, the first one included, decides for the others.
     """
     if derivative == "rois_ho":
-        from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS  # lazy: no import cycle
-
         return tuple(str(label) for label in HO_LABELS), "the Harvard-Oxford atlas (rois_ho)"
     votes = Counter(h for h in headers.values()
                     if h and (n_rois is None or len(h) == n_rois))

@@ -6,7 +6,7 @@ A hospital extracting real scans passes the Harvard-Oxford image of PCP ``rois_h
 
 The project does not ship that image (the ABIDE release's licence is not ours to
 relicense). Without ``--atlas`` it builds a stand-in from facts in
-``cohort/ho_atlas.csv``: each of the 111 labels, in ``.1D`` column order, becomes the 6 mm
+``data/ho_atlas.csv``: each of the 111 labels, in ``.1D`` column order, becomes the 6 mm
 voxels nearer to its MNI centroid than to any other centroid and within the radius of a
 sphere of its volume. That is what the built-in scan site is generated on and extracted
 with, and what the tests paint into; for real scans it is only a coarse approximation of
@@ -23,7 +23,7 @@ from typing import cast
 import nibabel as nib
 import numpy as np
 
-from fedbn_med.tasks.abide.cohort.atlas import HO_CENTROIDS_MM, HO_LABELS, HO_N_VOXELS
+from fedbn_med.tasks.abide.data.atlas import HO_CENTROIDS_MM, HO_LABELS, HO_N_VOXELS
 
 __all__ = ["STAND_IN", "derive_atlas", "load_atlas"]
 

@@ -28,7 +28,6 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from fedbn_med.paths import resolve_data_dir
-from fedbn_med.tasks.abide.cohort.atlas import HO_LABELS
 from fedbn_med.tasks.abide.cohort.figures import SiteFigures
 from fedbn_med.tasks.abide.cohort.signal import (
     _ar1,
@@ -37,6 +36,7 @@ from fedbn_med.tasks.abide.cohort.signal import (
     _site_seed,
     _subject_series,
 )
+from fedbn_med.tasks.abide.data.atlas import HO_LABELS
 from fedbn_med.tasks.abide.scans.atlas import load_atlas
 from fedbn_med.tasks.abide.scans.inputs import MOTION_COLUMNS
 from fedbn_med.tasks.abide.scans.writer import SCANS_MANIFEST
