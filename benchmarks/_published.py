@@ -155,7 +155,16 @@ def _command(name: str, argv: Sequence[str]) -> str:
             continue
         else:
             shown.append(arg)
-    return " ".join(["python", f"benchmarks/{name}.py", *map(shlex.quote, shown)])
+    return " ".join(["python", script_path(name), *map(shlex.quote, shown)])
+
+
+def script_path(name: str) -> str:
+    """Return where benchmark ``name`` is now: ``benchmarks/`` or ``benchmarks/research/``."""
+    moved = ROOT / "benchmarks" / "research" / f"{name}.py"
+    return f"benchmarks/research/{name}.py" if moved.is_file() else f"benchmarks/{name}.py"
+
+
+_SCRIPT = re.compile(r"^python benchmarks/(\w+)\.py\b")
 
 
 def publish(key: str, *, name: str, argv: Sequence[str] | None, report: str,
@@ -261,6 +270,11 @@ def load_meta(key: str) -> dict[str, object]:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(meta, dict) or meta.get("key") != key:
         raise ValueError(f"{path}: expected a JSON object with key {key!r}")
+    # A study published before the research studies moved to benchmarks/research/: its
+    # record stays as it was, and the command shown is the one that runs it today.
+    command = meta.get("command")
+    if isinstance(command, str):
+        meta["command"] = _SCRIPT.sub(lambda m: f"python {script_path(m[1])}", command)
     return meta
 
 

@@ -211,7 +211,7 @@ def choose(axis: str, values: Sequence[Value], default: Value,
     default in every group. Otherwise the default stays. The stopping rule is not
     chosen here: on validation the best-validation-loss round is picked on the same
     data, so its scores are biased upwards against the last round's; under the nested
-    criterion it is judged by ``benchmarks/stopping_rule.py``, which compares more rules
+    criterion it is judged by ``benchmarks/research/stopping_rule.py``, which compares more rules
     in the same nested design. The protocol's rule stays.
 
     Parameters

@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"mini-batch size at every site (default: the main job's, "
                              f"{DEFAULTS['batch_size']}); another is published apart. On "
                              "small sites it sets the local steps per round "
-                             "(benchmarks/local_steps.py)")
+                             "(benchmarks/research/local_steps.py)")
     windows = Settings().windows
     parser.add_argument("--windows", type=int, default=None,
                         help=f"correlation windows of this many volumes (default: the task's, "

@@ -112,7 +112,7 @@ class RunSpec:
         Communication rounds, local epochs per round, examples per batch.
     lr, dropout : float
         SGD learning rate; dropout of the ABIDE network (0.5: chosen on validation by
-        ``benchmarks/defaults_sweep.py`` on shared real ABIDE sites).
+        ``benchmarks/research/defaults_sweep.py`` on shared real ABIDE sites).
     seed, fold, n_folds : int
         Base seed (model initialisation, shuffling); the test fold of ``n_folds``.
     sites : tuple of str

@@ -65,6 +65,7 @@ def benchmark_module(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "builtin"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.syspath_prepend(str(BENCH_DIR / "research"))
     return importlib.import_module
 
 
@@ -87,6 +88,7 @@ def bench(monkeypatch: pytest.MonkeyPatch, bench_data: Path) -> Callable[[str], 
     monkeypatch.setenv("FEDBN_MED_DATA", str(bench_data))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.syspath_prepend(str(BENCH_DIR / "research"))
     return importlib.import_module
 
 

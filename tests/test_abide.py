@@ -400,7 +400,7 @@ def _site_gains(data: dict[str, SiteFeatures]) -> np.ndarray:
 def test_sites_differ_by_a_gain_on_connectivity(small_cohort: Path) -> None:
     # Each site's correlations are scaled by its own factor, so the site means are scaled
     # copies of the pooled mean. Cohort v3 takes the factor's spread from the shared real
-    # sites (global scale sd 0.11, benchmarks/cohort_calibrate.py), v2 had +-20 %.
+    # sites (global scale sd 0.11, benchmarks/research/cohort_calibrate.py), v2 had +-20 %.
     gains = _site_gains(load_abide(small_cohort))
     assert gains.max() - gains.min() >= 0.1 * gains.mean(), gains
     assert gains.max() >= 1.04 * gains.mean() and gains.min() <= 0.96 * gains.mean(), gains

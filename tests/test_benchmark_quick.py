@@ -421,3 +421,23 @@ def test_stopping_rule_inner_data_hold_no_outer_test_subject(bench: Loader,
             assert not set(index) & set(outer.test)
             assert set(index) <= set(outer.train) | set(outer.val)
             assert 0 < index.size < outer.train.size
+
+
+def test_histo_readers(bench: Loader, tmp_path: Path, capsys) -> None:
+    from fedbn_med.tasks.histo.synth import write_tile
+
+    folder = tmp_path / "MoNuSeg" / "train"
+    for k in range(2):
+        write_tile(folder, f"TCGA-XX-000{k}-01Z-00-DX1", size=96, stain=k, seed=k)
+    out = tmp_path / "table.csv"
+    assert bench("histo_readers").main(["--data-dir", str(tmp_path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    rows = _csv(out)
+    assert [r["tile"] for r in rows] == [f"TCGA-XX-000{k}-01Z-00-DX1" for k in range(2)]
+    for row in rows:  # the XML's polygons, filled, are the PNG's pixels
+        assert float(row["dice"]) >= 0.95 and int(row["nuclei_xml"]) >= 3
+        assert f"| {row['tile']} | {row['nuclei_xml']} |" in printed
+    assert "2 tiles; lowest Dice" in printed and "(target >= 0.95: met)" in printed
+    with pytest.raises(SystemExit):
+        bench("histo_readers").main([])
+    assert "give --data-dir" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``benchmarks/defaults_sweep.py``: the main job's defaults, chosen on validation only.
+"""``benchmarks/research/defaults_sweep.py``: the main job's defaults, chosen on validation only.
 
 Its ``--quick`` run goes end to end on a small release the test writes in the real
 layout (:func:`tests.test_determinism.write_release`), two federations of two sites,

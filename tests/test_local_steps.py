@@ -1,4 +1,4 @@
-"""``benchmarks/local_steps.py``: each site's training split and local steps per round."""
+"""``benchmarks/research/local_steps.py``: each site's training split and local steps per round."""
 
 from __future__ import annotations
 

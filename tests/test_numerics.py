@@ -144,8 +144,11 @@ def _first_import(path: Path) -> str:
     return ""
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")
-                                          if not p.name.startswith("_")))
+@pytest.mark.parametrize("script", sorted(
+    str(p.relative_to(ROOT / "benchmarks"))
+    for folder in (ROOT / "benchmarks", ROOT / "benchmarks" / "research")
+    for p in folder.glob("*.py")
+    if not p.name.startswith("_")))
 def test_every_benchmark_pins_before_numpy_loads(script: str) -> None:
     # numpy and OpenBLAS read their variable once, when they load
     assert _first_import(ROOT / "benchmarks" / script) == "fedbn_med.numerics.pinned"
@@ -222,7 +225,7 @@ def test_against_compares_fingerprints_or_every_bit_of_the_figures(tmp_path: Pat
 
 @pytest.mark.parametrize(("text", "expected"), [
     (None, "cannot read it"),
-    ("path,fold\npinned,0\n", "expected a table.csv of benchmarks/numerics.py"),
+    ("path,fold\npinned,0\n", "expected a table.csv of benchmarks/research/numerics.py"),
     ("", "expected a table.csv"),
     ("path,fold,selected_round,accuracy,balanced_accuracy,auc\n", "has no rows"),
     ("path,fold,selected_round,accuracy,balanced_accuracy,auc\npinned,x,1,0,0,0\n",
@@ -254,8 +257,9 @@ def test_the_kept_amd_table_reads_as_an_against_file() -> None:
 def _numerics_benchmark():  # type: ignore[no-untyped-def]
     import importlib
 
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
+    for folder in (ROOT / "benchmarks", ROOT / "benchmarks" / "research"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     return importlib.import_module("numerics")
 
 

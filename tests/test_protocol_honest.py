@@ -216,22 +216,22 @@ def test_fixed_splits_collapse_repetitions_before_the_correction(
 
 
 def test_interval_design_projection_has_a_floor() -> None:
-    sys.path.insert(0, str(BENCH_DIR))
+    sys.path.insert(0, str(BENCH_DIR / "research"))
     try:
         design = importlib.import_module("interval_design")
     finally:
-        sys.path.remove(str(BENCH_DIR))
+        sys.path.remove(str(BENCH_DIR / "research"))
     widths = [design.projected_half_width(0.05, 0.25, 5, r, 1) for r in (1, 10, 1000)]
     assert widths[0] > widths[1] > widths[2] > 1.96 * 0.05 * math.sqrt(0.25)
     assert design.projected_half_width(0.05, 0.25, 5, 10, 4) == pytest.approx(widths[1] / 2)
 
 
 def test_rounds_to_target_counts_censored_runs() -> None:
-    sys.path.insert(0, str(BENCH_DIR))
+    sys.path.insert(0, str(BENCH_DIR / "research"))
     try:
         rtt = importlib.import_module("rounds_to_target")
     finally:
-        sys.path.remove(str(BENCH_DIR))
+        sys.path.remove(str(BENCH_DIR / "research"))
     reach = [3, None, 5, None, None]
     assert rtt.restricted(reach, 10) == [3.0, 10.0, 5.0, 10.0, 10.0]
     assert rtt.km_median(reach, 10) is None  # 2 of 5 reach it: no median

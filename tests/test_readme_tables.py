@@ -101,7 +101,7 @@ def test_publish_writes_the_block_and_a_hand_edit_is_caught(
                for p in tables.problems(text))
     cells_path.write_bytes((tmp_path / "out" / "cell_predictions.csv.gz").read_bytes())
     # ... and they are enough: the subject-level table recomputed from them is the one
-    # the benchmark published, to the digit (benchmarks/subject_tests.py).
+    # the benchmark published, to the digit (benchmarks/research/subject_tests.py).
     subject_tests = modules["subject_tests"]
     monkeypatch.setattr(subject_tests, "PUBLISHED_DIR", published.PUBLISHED_DIR)
     assert subject_tests.main(["--key", KEY]) == 0

@@ -1,4 +1,5 @@
-"""``benchmarks/real_summary.py``: the comparisons at a glance and the target's power, from cells.
+"""``benchmarks/research/real_summary.py``: the comparisons at a glance and the target's
+power, from cells.
 
 The tests write a published folder of their own (a ``table.csv`` of cells as the
 comparison protocol writes it, and a ``report.md`` naming its n_test/n_train) and check

@@ -17,6 +17,7 @@ BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 @pytest.fixture()
 def pages(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.syspath_prepend(str(BENCH_DIR / "research"))
     sys.modules.pop("results_pages", None)
     import results_pages
 

@@ -1,7 +1,7 @@
 """Subject-level tests recomputed from a comparison's published per-run predictions.
 
 ``fedbn_med.evaluation.comparison.comparison_from_predictions`` and
-``benchmarks/subject_tests.py``, on predictions the tests make (the round trip through a
+``benchmarks/research/subject_tests.py``, on predictions the tests make (the round trip through a
 real benchmark's published files is in ``tests/test_readme_tables.py``).
 """
 

@@ -68,6 +68,7 @@ def test_benchmark_run_builds_sites_through_the_registry(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path))
     monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.syspath_prepend(str(BENCH_DIR / "research"))
     sys.modules.pop("_common", None)
     import _common
 
@@ -108,6 +109,7 @@ def test_prepare_all_refuses_a_task_without_site_data() -> None:
 def test_drift_settings_take_score_and_target_from_the_task(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.syspath_prepend(str(BENCH_DIR))
+    monkeypatch.syspath_prepend(str(BENCH_DIR / "research"))
     sys.modules.pop("drift", None)
     import drift
     from _common import Benchmark

@@ -5,7 +5,7 @@ a machine with AVX-512 they sum and multiply in wider vectors, in another order,
 one with AVX2 only, and MKL picks by the CPU's vendor as well. A training run of a
 hundred rounds on a few hundred subjects turns such last-bit differences into another
 selected round and other test scores, and numpy's and OpenBLAS's choice changes the bytes
-of the built-in cohort itself (both measured by ``benchmarks/numerics.py``). :func:`pin`
+of the built-in cohort itself (both measured by ``benchmarks/research/numerics.py``). :func:`pin`
 therefore fixes each library's path when the CPU has AVX2 and FMA, before any of them
 loads. Importing :mod:`fedbn_med` does not call it (a library must not change a
 researcher's process): the command line, the pipelines, the benchmarks and the tests opt

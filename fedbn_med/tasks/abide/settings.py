@@ -14,7 +14,7 @@ __all__ = ["COHORT_VERSION", "COMPARE", "CONNECTIVITY", "DEFAULTS", "ENGINE", "F
 #: in the cohort's manifest, its directory name, the feature-cache key and MLflow params.
 #: 2: per-site gain (temporal noise) and wider offsets (global signal), a sparse and
 #: heterogeneous diagnosis effect. 3: strengths drawn from figures measured on the 14
-#: shared real sites (``benchmarks/cohort_calibrate.py``, ``cohort/figures_v3.py``);
+#: shared real sites (``benchmarks/research/cohort_calibrate.py``, ``cohort/figures_v3.py``);
 #: version 2 stays reproducible (``generate_cohort(version="2")``).
 COHORT_VERSION = "3"
 
@@ -25,7 +25,7 @@ MAX_COHORT_SCALE = 5.0
 NUM_FEATURES = 111 * 110 // 2
 
 #: The paper's ABIDE set-up (four sites, SGD, batches of 32) with two defaults chosen on
-#: validation AUC by ``benchmarks/defaults_sweep.py`` on two federations of shared real
+#: validation AUC by ``benchmarks/research/defaults_sweep.py`` on two federations of shared real
 #: sites: dropout 0.5 after each hidden block (first sweep), and SGD at 3e-3 instead of
 #: the paper's 1e-2 (second sweep; a third sweep around it changes nothing). The
 #: features (``Settings.windows``, ``Settings.window_step``) are the nested sweep's
@@ -87,7 +87,7 @@ class Settings:
         real sites' figures). Ignored for real ABIDE data.
     cohort_scale : float
         The built-in cohort's subjects per site, times the real site's count (default 1;
-        ``benchmarks/interval_design.py`` runs a design on more subjects than any real
+        ``benchmarks/research/interval_design.py`` runs a design on more subjects than any real
         site has). Ignored for real ABIDE data.
     connectivity : str
         ``"correlation"``: Fisher-z Pearson correlations of the whole series (the FedBN
@@ -129,7 +129,7 @@ class Settings:
         Where a probability becomes a predicted ASD: ``"0.5"``, or ``"site_prior"``, the
         site's own threshold at which its training subjects are predicted positive as
         often as they are (:func:`fedbn_med.training.objective.prior_threshold`; the
-        default: ``benchmarks/threshold.py`` chose it on validation at the windowed
+        default: ``benchmarks/research/threshold.py`` chose it on validation at the windowed
         features). AUC does not depend on it.
     """
 

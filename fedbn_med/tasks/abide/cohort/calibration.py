@@ -1,7 +1,7 @@
 """Measure, on any ABIDE-format sites, the summary figures cohort v3 is generated from.
 
-``benchmarks/cohort_calibrate.py`` runs :func:`measure` on the real shared ABIDE sites;
-``benchmarks/cohort_check.py`` runs it on the built-in cohort, so that both are held to
+``benchmarks/research/cohort_calibrate.py`` runs :func:`measure` on the real shared ABIDE sites;
+``benchmarks/research/cohort_check.py`` runs it on the built-in cohort, so that both are held to
 the same figures computed the same way. Every figure is a summary over edges and sites
 (no subject data leaves this module). Sampling noise inflates most raw figures at
 ABIDE's site sizes (30 to 60 subjects), so each comes with a noise-corrected estimate

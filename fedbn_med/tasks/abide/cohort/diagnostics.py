@@ -1,6 +1,6 @@
 """What the built-in cohort's features show: per-site gain and offset, the true pattern.
 
-Used by ``benchmarks/cohort_check.py`` to print the cohort's figures and by the tests
+Used by ``benchmarks/research/cohort_check.py`` to print the cohort's figures and by the tests
 that hold the cohort to them.
 """
 

@@ -1,6 +1,6 @@
 """Summary figures measured on the real shared ABIDE sites: what cohort v3 is drawn from.
 
-Every number below came from ``benchmarks/cohort_calibrate.py --data-dir REAL`` (the real
+Every number below came from ``benchmarks/research/cohort_calibrate.py --data-dir REAL`` (the real
 ABIDE Preprocessed release, C-PAC ``filt_noglobal`` ``rois_ho``, read through
 :mod:`fedbn_med.tasks.abide.data`) on the 14 shared sites PITT, YALE, MAX_MUN, KKI,
 TRINITY, STANFORD, CALTECH, SDSU, OLIN, LEUVEN_2, SBL, LEUVEN_1, CMU, OHSU, each site

@@ -20,7 +20,7 @@ Everything below happens per subject on the 111 Harvard-Oxford ROIs of ``rois_ho
    short-range mostly hyper-connectivity. The effect is identical at every site.
    ``DX_Z_PER_D`` is calibrated so that projecting a subject on the true pattern (an
    oracle without estimation error) gives a within-site AUC of 0.86 to 0.98 (seed 0,
-   ``benchmarks/cohort_check.py``), and the networks trained on it reach 56 to 64 %
+   ``benchmarks/research/cohort_check.py``), and the networks trained on it reach 56 to 64 %
    (``benchmarks/paper_table.py``), the low end of the range published for ABIDE I:
    about 60 to 70 % accuracy (e.g. Nielsen et al. 2013, 60 %; Abraham et al. 2017,
    67 %; Heinsfeld et al. 2018, 70 %). Cohort version 1 gave every ASD subject the full

@@ -3,7 +3,7 @@
 Version 3 keeps version 2's machinery (network structure from the Harvard-Oxford
 centroids, time series drawn with a subject's correlation, per-site temporal noise and
 global signal, ComBat-style shift and scaling) and takes its strengths from
-:data:`.figures_v3.REAL_FIGURES`, the summary figures ``benchmarks/cohort_calibrate.py``
+:data:`.figures_v3.REAL_FIGURES`, the summary figures ``benchmarks/research/cohort_calibrate.py``
 measured on the 14 shared real ABIDE sites. What changes from version 2:
 
 - Diagnosis: a dense per-edge effect, normal with the measured consistent sd and mean
@@ -22,7 +22,7 @@ measured on the 14 shared real ABIDE sites. What changes from version 2:
 
 The latent strengths below are in the generator's own units (z before the temporal
 noise and global signal act on the correlations). Each was set so that
-``benchmarks/cohort_check.py`` measures on the cohort (seed 0, training parts, the same
+``benchmarks/research/cohort_check.py`` measures on the cohort (seed 0, training parts, the same
 :func:`~fedbn_med.tasks.abide.cohort.calibration.measure`) the real figure it is named
 after; nothing was set from a classifier's test score. The diagnosis strength is
 matched to the reachable pooled AUC (``pooled_auc``, cross-validated on the real sites'

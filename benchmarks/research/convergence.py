@@ -7,7 +7,7 @@ strategy with BN running statistics starting at PyTorch's 0 and 1 (labelled "BN 
 the before/after of where they start. The curves are on the validation splits, never
 the test splits, so that a number of rounds read off them is not chosen on test data.
 
-    python benchmarks/convergence.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
+    python benchmarks/research/convergence.py [--quick] [--data-dir DIR] [--rounds R] [--folds N]
                                      [--seeds S] [--bn-init data,default]
 """
 
@@ -20,6 +20,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import LABELS, Benchmark, Budget, curve, make_parser, markdown_table, strategy_config
 from _sweep import corrected, interval_caption, reference_caption, run_grid
 

@@ -17,7 +17,7 @@ because the majority class scores 50 % on it at every site; on accuracy it score
 site's majority rate (54 % on shared sites A), and the lowest target (55 %) was within
 one round of it.
 
-    python benchmarks/rounds_to_target.py [--quick] [--targets 0.55,0.6,0.65,0.7]
+    python benchmarks/research/rounds_to_target.py [--quick] [--targets 0.55,0.6,0.65,0.7]
                                           [--metric balanced_accuracy] [--window 5]
                                           [--seeds S]
 """
@@ -32,6 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import (
     LABELS,

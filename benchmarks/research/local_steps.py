@@ -12,7 +12,7 @@ round. No training: it reads the sites' splits only. With the default windowed
 features a training example is a window (32 volumes every 16), so a site holds several
 times as many examples as subjects.
 
-    python benchmarks/local_steps.py [--quick] [--data-dir DIR] [--sites A,B]
+    python benchmarks/research/local_steps.py [--quick] [--data-dir DIR] [--sites A,B]
                                      [--folds N] [--seeds S] [--windows W] [--publish]
 
 ``--windows 0`` counts whole-series rows (one per subject; published apart, ``-w0``).
@@ -29,6 +29,7 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import Benchmark, Budget, make_parser, markdown_table, prepare_all
 from _plots import bar_plot
 

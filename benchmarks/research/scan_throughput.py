@@ -7,7 +7,7 @@ its peak memory (``ru_maxrss``) is its own, and the time per step of the MONAI c
 says where it goes. Writes ``table.md`` and ``table.csv`` under
 ``benchmarks/results/scan_throughput/``.
 
-    OMP_NUM_THREADS=1 python benchmarks/scan_throughput.py [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/research/scan_throughput.py [--quick]
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 import argparse
 import multiprocessing as mp
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import markdown_table  # noqa: E402
 
 STEPS = ("LoadImaged", "CheckBoldd", "ResampleToAtlasd", "ExtractRoiSignalsd", "write")
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     """Generate the scans, time each setting and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="8 subjects x 60 volumes (CI)")
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results"
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results"
                    / "scan_throughput", help="where table.md and table.csv go")
     args = p.parse_args(argv)
     started = time.perf_counter()

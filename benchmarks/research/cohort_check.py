@@ -13,18 +13,18 @@ loader (nilearn correlations, Fisher z), and this prints, per site:
 
 and, over all sites, how well a logistic regression tells the sites apart. For cohort
 version 3 it then measures, at ``site_effect=1``, the calibration figures of
-``benchmarks/cohort_calibrate.py`` on the cohort (the training parts of the four sites'
+``benchmarks/research/cohort_calibrate.py`` on the cohort (the training parts of the four sites'
 splits, the same :func:`fedbn_med.tasks.abide.cohort.calibration.measure`) and prints
 them beside the figures of the 14 real shared sites: measured now on ``--real-dir`` (the
-folder holding the real ``ABIDE_pcp/``; ``benchmarks/cohort_calibrate.py``'s measurement,
+folder holding the real ``ABIDE_pcp/``; ``benchmarks/research/cohort_calibrate.py``'s measurement,
 the two first sites with ``--quick``), else the stored ones v3 is drawn from
 (:data:`fedbn_med.tasks.abide.cohort.figures_v3.REAL_FIGURES`), with how v3 gets each.
 
 ``--quick`` checks one half-size cohort (site effect 1, half the subjects per site) in
 seconds.
 
-    python benchmarks/cohort_check.py [--quick] [--site-effects 0,1] [--seed 0] [--version 3]
-                                      [--cohort-seeds 0,1,2] [--real-dir DIR] [--publish]
+    python benchmarks/research/cohort_check.py [--quick] [--site-effects 0,1] [--seed 0]
+        [--version 3] [--cohort-seeds 0,1,2] [--real-dir DIR] [--publish]
 
 ``--cohort-seeds`` measures the calibration figures on the cohort of each seed (site
 effect 1) and gives each figure's mean and range over them: how much of a match (or a
@@ -47,6 +47,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import RESULTS_DIR, float_list, markdown_table
 
@@ -311,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cohorts[cohort_seed] = root
         calibration, rows = _calibration_table(cohorts, args.seed, version, args.real_dir,
                                                args.quick)
-        table += ("\n\nCalibration figures (benchmarks/cohort_calibrate.py), site_effect 1, "
-                  "training parts\n\n" + calibration)
+        table += ("\n\nCalibration figures (benchmarks/research/cohort_calibrate.py), "
+                  "site_effect 1, training parts\n\n" + calibration)
         csv_rows += [{"table": "calibration", **r} for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(table + "\n", encoding="utf-8")

@@ -26,7 +26,7 @@ subjects by K (at most 5), and ``--resplit-only`` runs the re-split design alone
 design the protocol uses), so that a projected design can be run and its half-width
 read off, not projected.
 
-    python benchmarks/interval_design.py [--quick] [--data-dir DIR] [--sites A,B,C,D]
+    python benchmarks/research/interval_design.py [--quick] [--data-dir DIR] [--sites A,B,C,D]
                                          [--folds N] [--seeds S] [--target-pp 3]
                                          [--cohort-scale K] [--resplit-only]
 """
@@ -41,6 +41,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, strategy_config
 from _plots import bar_plot

@@ -6,7 +6,7 @@ final test score, mean [corrected 95 % CI] over runs (test folds; MRI: one run, 
 interval), and the rounds the mean-over-sites curve, smoothed by a trailing mean over 3
 rounds, takes to reach a target on the validation splits (no test score picks a round).
 
-    python benchmarks/drift.py [--quick] [--target-acc 0.6] [--target-dice 0.5] [--no-mri]
+    python benchmarks/research/drift.py [--quick] [--target-acc 0.6] [--target-dice 0.5] [--no-mri]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import FEDPROX_MU, Benchmark, Budget, curve, make_parser, markdown_table, run
 from _plots import Panel, line_panels

@@ -6,7 +6,7 @@ the comparison from that file, recomputes McNemar, DeLong and both bootstraps of
 against every other row, prints the table, and says whether it is the one the
 benchmark published in ``report.md``.
 
-    python benchmarks/subject_tests.py --key real_compare-real-PITT_YALE_KKI_TRINITY
+    python benchmarks/research/subject_tests.py --key real_compare-real-PITT_YALE_KKI_TRINITY
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _published import PUBLISHED_DIR, subject_level_table
 
 from fedbn_med.evaluation.comparison import Comparison, comparison_from_predictions

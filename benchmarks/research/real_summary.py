@@ -21,7 +21,7 @@ below the observed mean difference, i.e. the design that would exclude zero *if*
 mean and the spread stayed as they are: a projection from a few cells is rough, and a
 rerun re-draws the mean as well.
 
-    python benchmarks/real_summary.py [--keys KEY,KEY] [--metric auc] [--publish]
+    python benchmarks/research/real_summary.py [--keys KEY,KEY] [--metric auc] [--publish]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import markdown_table
 from _published import PUBLISHED_DIR, load_meta, subject_level_table
@@ -157,7 +158,7 @@ def bootstrap_auc(key: str, folder: Path | None = None
     Read from the comparison's ``report.md``: the subject-level table's AUC bootstrap
     (subjects resampled within each site, the same resample for every repetition;
     :func:`fedbn_med.evaluation.out_of_fold.subject_tests`), the issue's other accepted
-    interval. ``benchmarks/subject_tests.py`` recomputes that table from the published
+    interval. ``benchmarks/research/subject_tests.py`` recomputes that table from the published
     predictions. Fractions, as the other figures; empty when the report has no such table.
     A cell the report writes as ``n/a`` (no finite difference) is left out, one with a
     mean only (no finite bound) gives NaN bounds.

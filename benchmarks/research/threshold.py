@@ -11,7 +11,7 @@ Criterion, fixed before the runs: the validation balanced accuracy (mean over si
 cells) at the best-validation-loss round, per group; ``site_prior`` replaces the default
 only where it is higher in every group. Test figures are for information.
 
-    python benchmarks/threshold.py --data-dir DIR [--quick] [--rounds R] [--folds N]
+    python benchmarks/research/threshold.py --data-dir DIR [--quick] [--rounds R] [--folds N]
         [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
 """
 
@@ -24,6 +24,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import Benchmark, Budget, make_parser, markdown_table, run
 from _plots import bar_plot

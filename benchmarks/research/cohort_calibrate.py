@@ -16,7 +16,7 @@ subjects, so that no test subject is measured), and prints and writes
   per-site z-scored features (balanced accuracy, AUC). Calibration, not a test: the CV
   runs on the training parts only.
 
-    python benchmarks/cohort_calibrate.py --data-dir DIR [--quick] [--sites PITT,YALE,...]
+    python benchmarks/research/cohort_calibrate.py --data-dir DIR [--quick] [--sites PITT,YALE,...]
                                           [--part train|all] [--c 0.01] [--seed 0]
 
 ``--quick`` measures only the first two shared sites (PITT, YALE) unless ``--sites`` says
@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import RESULTS_DIR, markdown_table
 
 NAME = "cohort_calibrate"

@@ -5,7 +5,7 @@ is the budget in epochs, and each E runs ``T // E`` rounds of E local epochs (T 
 64, 16, 8 and 4 rounds), so every setting sees the data equally often and only the
 communication frequency changes.
 
-    python benchmarks/local_epochs.py [--quick] [--epochs 1,4,8,16] [--rounds T]
+    python benchmarks/research/local_epochs.py [--quick] [--epochs 1,4,8,16] [--rounds T]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import (
     LABELS,
     Benchmark,

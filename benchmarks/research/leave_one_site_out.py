@@ -14,9 +14,9 @@ alone (SingleSet reference).
 
 Usage::
 
-    python benchmarks/leave_one_site_out.py            # 3 seeds x 5 folds, 30 rounds
-    python benchmarks/leave_one_site_out.py --quick    # 1 seed x 1 fold, 10 rounds
-    python benchmarks/leave_one_site_out.py --quick --data-dir DIR   # sites from DIR
+    python benchmarks/research/leave_one_site_out.py            # 3 seeds x 5 folds, 30 rounds
+    python benchmarks/research/leave_one_site_out.py --quick    # 1 seed x 1 fold, 10 rounds
+    python benchmarks/research/leave_one_site_out.py --quick --data-dir DIR   # sites from DIR
 
 Writes ``benchmarks/results/leave_one_site_out/{table.md,table.csv}`` and logs to the
 MLflow experiment ``abide-onboarding``.
@@ -54,7 +54,7 @@ from fedbn_med.tracking import tracked
 
 DEFAULT_SITES = RunSpec().sites
 
-OUT_DIR = Path(__file__).resolve().parent / "results" / "leave_one_site_out"
+OUT_DIR = Path(__file__).resolve().parents[1] / "results" / "leave_one_site_out"
 NEW_SITES = ("PITT", "YALE")
 
 

@@ -19,7 +19,7 @@ round on the inner validation subjects and is scored on the inner test subjects,
 the criterion is that inner-test AUC. No outer test subject is trained on, fitted on or
 scored, so no test column is printed. It publishes apart (``defaults_sweep-real-nested``).
 
-    python benchmarks/defaults_sweep.py --data-dir DIR [--quick] [--rounds R] [--folds N]
+    python benchmarks/research/defaults_sweep.py --data-dir DIR [--quick] [--rounds R] [--folds N]
         [--seeds S] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
         [--axes optimiser,features] [--resume] [--no-confirm] [--nested [--inner-folds K]]
 
@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
 from _plots import bar_plot
 from _sweep import inner_datas, inner_references

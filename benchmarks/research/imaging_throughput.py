@@ -14,7 +14,7 @@ Setup is building the site (decoding and caching; imports excluded); the first e
 a warm-up (it also imports the optimiser), then ``--epochs`` epochs are timed. Mixed
 precision is used on CUDA.
 
-    OMP_NUM_THREADS=1 python benchmarks/imaging_throughput.py [--quick] [--task mri]
+    OMP_NUM_THREADS=1 python benchmarks/research/imaging_throughput.py [--quick] [--task mri]
         [--device cuda] [--publish]
 
 ``--publish`` also writes the figures as a table into ``benchmarks/published/`` (key

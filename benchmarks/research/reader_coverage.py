@@ -15,7 +15,7 @@ With ``--quick`` only the first three files of each source (sorted by path) and 
 first three series of each DICOMDIR are tried: a check that the walk and the reader work, in
 seconds, not the coverage figure.
 
-    python benchmarks/reader_coverage.py [--quick] [--only pydicom|pydicom-data|nibabel]
+    python benchmarks/research/reader_coverage.py [--quick] [--only pydicom|pydicom-data|nibabel]
                                          [--out DIR]
 """
 
@@ -35,7 +35,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results" / "reader_coverage"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "reader_coverage"
 _PIXEL_TAGS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 #: --quick: files per source (a DICOMDIR source counts apart) and series per DICOMDIR.
 QUICK = 3

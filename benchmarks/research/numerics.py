@@ -21,7 +21,7 @@ decimals a site records) and of its final shared weights, every bit.
 fingerprint, or where that file has none, the same selected round and the same
 site-mean accuracy, balanced accuracy and AUC to the last bit.
 
-    python benchmarks/numerics.py [--quick] [--folds 5] [--rounds R]
+    python benchmarks/research/numerics.py [--quick] [--folds 5] [--rounds R]
         [--sites PITT,YALE,KKI,TRINITY --data-dir REAL] [--against TABLE_CSV] [--publish]
 """
 
@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import markdown_table
 from default_run import add_options, checked_folds, default_spec
 from tqdm import tqdm
@@ -163,8 +164,9 @@ def read_against(path: Path) -> dict[tuple[str, int], dict[str, str]]:
         raise SystemExit(f"--against {path}: cannot read it ({exc})") from exc
     needed = {"path", "fold", *_SAME}
     if not needed <= columns:
-        raise SystemExit(f"--against {path}: expected a table.csv of benchmarks/numerics.py "
-                         f"with columns {', '.join(sorted(needed))}")
+        raise SystemExit(f"--against {path}: expected a table.csv of "
+                         f"benchmarks/research/numerics.py with columns "
+                         f"{', '.join(sorted(needed))}")
     if not rows:
         raise SystemExit(f"--against {path}: has no rows")
     out: dict[tuple[str, int], dict[str, str]] = {}

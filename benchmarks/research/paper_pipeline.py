@@ -20,7 +20,7 @@ every ``--window-step`` volumes (the published code: every volume, ``--window-st
 default 16, the main job's step, so that a run takes seconds; another step publishes
 apart, e.g. ``-step1``).
 
-    python benchmarks/paper_pipeline.py [--quick] [--data-dir DIR --sites A,B,C,D]
+    python benchmarks/research/paper_pipeline.py [--quick] [--data-dir DIR --sites A,B,C,D]
                                         [--strategies fedbn,fedavg] [--window-step 16]
 """
 
@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, strategy_config
 from _plots import bar_plot
 from _sweep import corrected, interval_caption, run_grid

@@ -12,7 +12,7 @@ The criterion, the same rule as ``defaults_sweep.py``'s: the inner-test AUC (mea
 sites and runs) per group; a rule replaces the default (the best-validation-loss round)
 only where it is best in every group and beats the default in every group.
 
-    python benchmarks/stopping_rule.py --data-dir DIR [--quick] [--rounds R] [--folds N]
+    python benchmarks/research/stopping_rule.py --data-dir DIR [--quick] [--rounds R] [--folds N]
         [--inner-folds K] [--groups PITT,YALE,KKI,TRINITY/MAX_MUN,STANFORD,CALTECH,SDSU]
 """
 
@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 from _common import (
     N_FOLDS,

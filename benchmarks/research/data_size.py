@@ -5,7 +5,7 @@ per class when it can; with sliding windows, every window of a kept subject); va
 and test splits stay whole. Every
 setting trains for the same number of rounds, so smaller shares also take fewer steps.
 
-    python benchmarks/data_size.py [--quick] [--fractions 1,0.5,0.2,0.1,0.05,0.01]
+    python benchmarks/research/data_size.py [--quick] [--fractions 1,0.5,0.2,0.1,0.05,0.01]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
 import torch
 from _common import (

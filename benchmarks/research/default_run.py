@@ -12,7 +12,7 @@ split of the same fold), the last round's mean accuracy, and the sites whose mod
 predicts one class only; then the folds' per-site table of the first fold as the
 pipeline prints it.
 
-    python benchmarks/default_run.py [--quick] [--folds 5] [--rounds R]
+    python benchmarks/research/default_run.py [--quick] [--folds 5] [--rounds R]
         [--sites PITT,YALE,KKI,TRINITY --data-dir REAL]
 """
 
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import markdown_table, run
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ site effects of :func:`fedbn_med.tasks.abide.cohort.calibration.site_effect_figu
 beside its paired FedBN - FedAvg gap. The federations differ in size and sites as well
 as in shift, so this version observes; only the cohort's varies the shift alone.
 
-    python benchmarks/heterogeneity.py [--quick] [--site-effects 0,0.5,1,2]
-    python benchmarks/heterogeneity.py --data-dir DIR [--groups A1,A2/B1,B2/...]
+    python benchmarks/research/heterogeneity.py [--quick] [--site-effects 0,0.5,1,2]
+    python benchmarks/research/heterogeneity.py --data-dir DIR [--groups A1,A2/B1,B2/...]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import Benchmark, Budget, float_list, make_parser, markdown_table, strategy_config
 from _plots import Panel, line_panels
 from _sweep import corrected, gap, half_width, interval_caption, references, summary, sweep

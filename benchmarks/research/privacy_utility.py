@@ -16,7 +16,7 @@ the same table: an experiment on utility, not a private run, since anyone with t
 can regenerate the noise. ``--fresh-noise`` draws it from the operating system instead,
 as a private run does; the table then changes from one invocation to the next.
 
-    python benchmarks/privacy_utility.py [--quick] [--epsilons inf,8,4,1] [--clip 0.1]
+    python benchmarks/research/privacy_utility.py [--quick] [--epsilons inf,8,4,1] [--clip 0.1]
                                          [--fresh-noise]
 """
 
@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 from _common import LABELS, Benchmark, Budget, make_parser, markdown_table, selected
 from _plots import Panel, line_panels
 from _sweep import corrected, half_width, interval_caption, references, run_grid

@@ -6,7 +6,7 @@ compared with the mask: pixel Dice (target: at least 0.95 on each tile) and, for
 reference, the AJI of the PNG's connected components against the XML's nuclei (what the
 PNG fallback loses: touching nuclei merge).
 
-    python benchmarks/histo_readers.py --data-dir /path/to/monuseg [--out table.csv]
+    python benchmarks/research/histo_readers.py --data-dir /path/to/monuseg [--out table.csv]
 
 The data folder is ``--data-dir``, else ``$FEDBN_MED_MONUSEG``.
 """
