@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedbn_med.evaluation.comparison import best_round
+from fedbn_med.evaluation.selection import Rule, select_round
 from fedbn_med.evaluation.tables import format_interval, markdown_table
 
 __all__ = ["RunResult", "convergence_plot", "metrics_at", "paper_table", "paper_table_csv",
@@ -175,7 +175,7 @@ def _one_class(selected: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
 
 def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = None, *,
                weights_round: int | None = None, selected_weights_round: int | None = None,
-               private_note: str = "") -> RunResult:
+               private_note: str = "", rule: Rule | None = None) -> RunResult:
     """Return a run's result from its per-round rows: the selected round, then the last.
 
     Parameters
@@ -192,8 +192,11 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
         kept); stated only when it is the selected round.
     private_note : str
         Where the sites keep their private layers of the selected round, said after.
+    rule : Rule, optional
+        The task's selection rule (its ``Task.selection``; None: the lowest mean
+        validation loss).
     """
-    chosen = best_round(rows)
+    chosen = select_round(rows, rule)
     last = max(int(r["round"]) for r in rows)
     at_last = metrics_at(rows, last, sites)
     selected = {site: {**m, **{k: at_last[site][k] for k in _RUN_TOTALS
@@ -201,10 +204,13 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
                 for site, m in metrics_at(rows, chosen, sites).items()}
     table = site_table(selected, result_columns(selected), last=at_last,
                        last_label=f"round {last}")
-    validated = any("val_loss" in r for r in rows)
-    rule = ("the lowest mean validation loss over the sites" if validated
-            else "no validation loss was reported: the last round")
-    notes = [f"Round {chosen} of {last} selected ({rule}); the last round's scores beside it."]
+    metric, lower = ("loss", True) if rule is None else (rule.metric, rule.lower)
+    if any(f"val_{metric}" in r for r in rows):
+        how = (f"the {'lowest' if lower else 'highest'} mean validation "
+               f"{metric.replace('_', ' ')} over the sites")
+    else:
+        how = f"no validation {metric.replace('_', ' ')} was reported: the last round"
+    notes = [f"Round {chosen} of {last} selected ({how}); the last round's scores beside it."]
     if weights_round is None:
         notes.append("No shared weights are saved.")
     elif weights_round == chosen:

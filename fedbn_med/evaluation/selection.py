@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
-__all__ = ["RunningBest", "best_round", "scores_at"]
+__all__ = ["Rule", "RunningBest", "best_round", "scores_at", "select_round"]
 
 logger = logging.getLogger("fedbn_med.evaluation.comparison")
 
@@ -84,6 +85,21 @@ def best_round(rows: Sequence[Mapping[str, object]], metric: str = "loss", *,
     return best
 
 
+class Rule(Protocol):
+    """A task's selection rule (:class:`fedbn_med.tasks.Selection` is one)."""
+
+    @property
+    def metric(self) -> str: ...  # noqa: D102
+
+    @property
+    def lower(self) -> bool: ...  # noqa: D102
+
+
+def select_round(rows: Sequence[Mapping[str, object]], rule: Rule | None = None) -> int:
+    """Return :func:`best_round` by the task's ``rule`` (None: the lowest validation loss)."""
+    return best_round(rows) if rule is None else best_round(rows, rule.metric, lower=rule.lower)
+
+
 class RunningBest:
     """The best round so far by :func:`best_round`'s rule, taken one round at a time.
 
@@ -99,6 +115,11 @@ class RunningBest:
         self.key, self.sign = f"val_{metric}", 1.0 if lower else -1.0
         self.best = 0
         self._value = math.inf  # sign * mean: lower is better
+
+    @classmethod
+    def by(cls, rule: Rule | None) -> RunningBest:
+        """Return one for the task's ``rule`` (None: the lowest validation loss)."""
+        return cls() if rule is None else cls(rule.metric, rule.lower)
 
     def take(self, rnd: int, sites: Iterable[Mapping[str, object]]) -> bool:
         """Take round ``rnd``'s per-site metrics; return whether it is the best so far."""

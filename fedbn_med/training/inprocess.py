@@ -25,6 +25,7 @@ from fedbn_med.training.trainer import SiteTrainer
 
 if TYPE_CHECKING:
     from fedbn_med.evaluation.report import RunResult
+    from fedbn_med.evaluation.selection import Rule
     from fedbn_med.spec import RunSpec
 
 __all__ = ["Federation", "History", "build_federation", "run_in_process", "run_spec"]
@@ -57,6 +58,7 @@ class History:
     selected_weights: dict[str, torch.Tensor] = field(default_factory=dict)
     selected_round: int = 0
     selected_kept: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    rule: Rule | None = None  # the task's selection rule (None: lowest validation loss)
 
     @property
     def rounds(self) -> int:
@@ -70,14 +72,16 @@ class History:
         return metrics_at(self.rows, self.rounds)
 
     def best_round(self) -> int:
-        """Return the run's selected round: the lowest mean validation loss over the sites.
+        """Return the run's selected round, by the task's rule (:attr:`rule`).
 
-        The comparison protocol's rule (:func:`fedbn_med.evaluation.comparison.best_round`): the
-        earliest such round; without validation scores, the last round.
+        The comparison protocol's rule (:func:`fedbn_med.evaluation.comparison.best_round`):
+        the best mean validation score over the sites (the lowest validation loss unless
+        the task says otherwise), the earliest such round; without validation scores, the
+        last round.
         """
-        from fedbn_med.evaluation.comparison import best_round
+        from fedbn_med.evaluation.selection import select_round
 
-        return best_round(self.rows)
+        return select_round(self.rows, self.rule)
 
     def selected(self) -> dict[str, dict[str, float]]:
         """Return each site's metrics at the selected round (:meth:`best_round`).
@@ -93,7 +97,7 @@ class History:
 
         return run_result(self.rows, weights_round=self.rounds if self.global_weights else None,
                           selected_weights_round=self.selected_round
-                          if self.selected_weights else None)
+                          if self.selected_weights else None, rule=self.rule)
 
 
 RoundCallback = Callable[[int, Mapping[str, Mapping[str, float]]], None]
@@ -109,6 +113,7 @@ def run_in_process(
     on_round: RoundCallback | None = None,
     evaluate: bool = True,
     weighting: str = "samples",
+    rule: Rule | None = None,
 ) -> History:
     """Run ``rounds`` federated rounds over the given site trainers.
 
@@ -137,6 +142,9 @@ def run_in_process(
     weighting : str
         ``"samples"`` or ``"equal"``: how :func:`~fedbn_med.fl.rounds.close_round` weighs
         the sites' updates.
+    rule : Rule, optional
+        The task's selection rule (``Task.selection``), which picks the selected round
+        whose weights are kept (None: the lowest mean validation loss).
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}.")
@@ -146,8 +154,8 @@ def run_in_process(
         raise ValueError(f"Strategy '{strategy.name}' needs the pooled trainer (pooled=...).")
     from fedbn_med.evaluation.comparison import RunningBest
 
-    history = History(strategy=strategy.label)
-    running = RunningBest()
+    history = History(strategy=strategy.label, rule=rule)
+    running = RunningBest.by(rule)
     for trainer in (*trainers.values(), *([pooled] if pooled is not None else [])):
         trainer.pin_threads()  # this process computes for every site
     first = pooled if strategy.pooled and pooled is not None else next(iter(trainers.values()))
@@ -242,9 +250,11 @@ class Federation:
             Score every site after every round (off: training only, e.g. to get weights).
         """
         spec = self.spec
+        from fedbn_med.tasks import get_task
+
         return run_in_process(self.trainers, spec.strategy_obj(), spec.rounds,
                               pooled=self.pooled, on_round=on_round, evaluate=evaluate,
-                              weighting=spec.weighting)
+                              weighting=spec.weighting, rule=get_task(spec.task).selection)
 
 
 def build_federation(spec: RunSpec, datas: Mapping[str, Any] | None = None) -> Federation:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
-from fedbn_med.evaluation.comparison import RunningBest, best_round
 from fedbn_med.evaluation.report import convergence_plot, metrics_at, run_result
+from fedbn_med.evaluation.selection import Rule, RunningBest, select_round
 from fedbn_med.federation.events import (
     Done,
     Event,
@@ -64,16 +64,21 @@ class RunRecorder:
         ``results.json`` and ``convergence.png`` go there.
     tracking_uri : str or None
         The MLflow store (None: MLflow's default).
+    rule : Rule, optional
+        The task's selection rule (``Task.selection``; None: the lowest mean validation
+        loss): the selected round whose weights are kept and whose scores are the result.
     """
 
-    def __init__(self, workdir: Path, tracking_uri: str | None = None) -> None:
+    def __init__(self, workdir: Path, tracking_uri: str | None = None,
+                 rule: Rule | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.progress = self.workdir / "progress.jsonl"
         self.checkpoint = self.workdir / "server" / "global.safetensors"
         #: the shared weights of the best round so far, the weights its scores are of
         self.selected = self.workdir / "server" / "selected.safetensors"
-        self.running = RunningBest()
+        self.rule = rule
+        self.running = RunningBest.by(rule)
         self.tracking_uri = tracking_uri
         self.rows: list[dict[str, object]] = []  # every completed round, one row per site
         self.tracker: FederationTracker | None = None
@@ -238,15 +243,15 @@ class RunRecorder:
         self._hand_over_logging(now=True)
         self._worker().flush()
         final = metrics_at(self.rows, rounds, tuple(sites))
-        # The run's result is the round of lowest mean validation loss over the sites
-        # (the protocol's rule, as in-process); the last round's scores go beside it.
-        chosen = best_round(self.rows) if self.rows else 0
+        # The run's result is the round the task's rule selects (the lowest mean validation
+        # loss unless the task says otherwise), as in process; the last round's beside it.
+        chosen = select_round(self.rows, self.rule) if self.rows else 0
         kept = self._selected_round() if weights else None
         note = (f" Each site keeps its private layers of round {chosen} beside its state "
                 f"(<site>.round-{chosen}.safetensors)." if private and kept == chosen else "")
         result = run_result(self.rows, tuple(sites), weights_round=rounds if weights else None,
-                            selected_weights_round=kept, private_note=note
-                            ) if self.rows else None
+                            selected_weights_round=kept, private_note=note,
+                            rule=self.rule) if self.rows else None
         table = result.table if result is not None else "No round completed."
         results = {"strategy": strategy, "rounds": rounds, "rows": self.rows, "final": final,
                    "table": table,

@@ -92,7 +92,8 @@ class FederationServer:
         self.max_share = HOSPITAL_MAX_SHARE if settings.node_sites else None
         self.min_sites = settings.needed(len(config.sites))
         self.input_shape = settings.input_shape or config.input_shape()
-        self.recorder = RunRecorder(settings.workdir, settings.tracking_uri or None)
+        self.recorder = RunRecorder(settings.workdir, settings.tracking_uri or None,
+                                    self.task.selection)
         self.registry = SiteRegistry(grid, config.sites, settings, self.input_shape,
                                      self.min_sites, self.recorder.event)
         # The model's state; set by _build_model, which runs while the sites connect.
