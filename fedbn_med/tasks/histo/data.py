@@ -142,6 +142,10 @@ def site_data(site: str, spec: Any) -> Any:
         For a site the run's tiles and rule do not make, naming those they do.
     """
     settings = spec.settings
+    if spec.data_dir is None and site not in spec.sites:
+        # a built-in site outside the run (onboarding a new one): its tiles are generated
+        # beside the run's, whose stains keep their order
+        spec = spec.replace(sites=(*spec.sites, site))
     tiles = site_tiles(spec)
     if site not in tiles:
         raise ValueError(f"Unknown site '{site}' under site_rule '{settings.site_rule}'. "
