@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import fedbn_med as fb
-from fedbn_med.tasks.histo.synth import write_synthetic
+from fedbn_med.tasks.histo.data import site_data
+from fedbn_med.tasks.histo.synth import write_synthetic, write_tile
 from pipelines.onboard_site import main
 
 TINY = {"patch_size": 16, "patches": 2, "channels": "4,8", "batch_size": 4, "rounds": 1,
@@ -66,6 +67,23 @@ def test_a_new_hospital_is_onboarded_from_run_folders_and_scored_by_dice_and_aji
     assert [r.split("|")[1].strip() for r in rows] == ROWS
     for row in rows:
         assert all(math.isfinite(float(c.strip())) for c in row.split("|")[2:4]), row
+
+
+def test_a_new_hospitals_own_folder_in_the_release_layout_is_one_site(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "new hospital" / "MoNuSeg 2018 Training Data"
+    for k in range(5):
+        write_tile(folder, f"TCGA-ZZ-{k:04d}-01Z-00-DX1", size=40, stain=7, seed=k)
+    result = main([*_onboard(runs), "--site", "NEW", "--data-dir", str(folder.parent),
+                   "--set", "site_rule=single"])
+    assert result.site == "NEW" and result.counts == {"unlabeled": 3, "labeled": 2, "test": 1}
+    assert all(0.0 <= m["test_aji"] <= 1.0 for m in result.metrics.values())
+    spec = fb.RunSpec.for_task("histo", site_rule="single", data_dir=folder.parent,
+                               sites=("A", "B"))
+    with pytest.raises(ValueError, match=r"site_rule 'single' makes one site of every tile "
+                                         r"of .*; a run of 2 sites needs 'hospital', 'organ' "
+                                         r"or 'datalist'\."):
+        site_data("A", spec)
 
 
 def test_bad_onboarding_input_says_what_was_expected(
