@@ -42,8 +42,9 @@ class Settings:
     site_rule : {"hospital", "organ", "datalist", "single"}
         How tiles become sites (``RunSpec.data_dir`` holds the tiles: a MoNuSeg-layout
         folder or a datalist JSON); ``single``: every tile is the one site asked for (a
-        new hospital's folder, for onboarding; never a federation of several sites). Without ``data_dir``, generated tiles are used
-        (``synthetic_tiles`` per site, ``synthetic_size`` pixels a side).
+        new hospital's folder, for onboarding; never a federation of several sites).
+        Without ``data_dir``, generated tiles are used (``synthetic_tiles`` per site,
+        ``synthetic_size`` pixels a side).
     patch_size : int
         Edge of a training patch cut from a tile (a multiple of 8).
     patches : int
