@@ -13,7 +13,9 @@ corrected resampled t-interval (Nadeau and Bengio), since the cells share tiles.
 
 ``--quick``: FedBN and FedAvg, one round on two seeds of tiny generated tiles (seconds);
 the test suite runs it. Rows are written to ``<out>/runs.csv`` as each run ends, and the
-table to ``<out>/summary.md``.
+table to ``<out>/summary.md``; ``--keep-runs DIR`` keeps each run's folder (the selected
+round's weights), from which ``onboard_site.py --task histo --run-dir`` onboards a new
+hospital.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--keep-runs", type=Path, default=None, metavar="DIR",
+                   help="keep each run's folder, DIR/<method>-seed<S>-fold<F> (its selected "
+                        "round's shared and kept weights: onboard_site.py --run-dir)")
     p.add_argument("--quick", action="store_true", help="tiny generated tiles, 2 methods")
     p.add_argument("--summarise", type=Path, nargs="+", default=None, metavar="CSV",
                    help="run nothing: write the summary of these runs.csv files (one rule)")
@@ -91,7 +96,9 @@ def run_cell(args: argparse.Namespace, method: str, seed: int, fold: int
 
         settings["sites"] = tuple(sorted(site_tiles(fb.RunSpec.for_task("histo", **settings))))
     started = time.perf_counter()
-    result = fb.run("histo", **settings)
+    workdir = (args.keep_runs / f"{method}-seed{seed}-fold{fold}"
+               if args.keep_runs is not None else None)
+    result = fb.run("histo", workdir=workdir, **settings)
     seconds = time.perf_counter() - started
     return [{"rule": args.rule, "method": method, "seed": seed, "fold": fold, "site": site,
              "selected_round": result.selected_round,

@@ -18,7 +18,8 @@ from fedbn_med.fl.registry import STRATEGIES
 from fedbn_med.fl.weighting import WEIGHTINGS
 from fedbn_med.spec import BN_INITS, RunSpec, settings_module, task_defaults
 
-__all__ = ["COMPARE_SEEDS", "build_parser", "compare_list", "server_options", "spec_from_args"]
+__all__ = ["COMPARE_SEEDS", "build_parser", "compare_list", "server_options", "spec_from_args",
+           "task_settings"]
 
 _SPEC_OPTIONS = ("strategy", "mu", "rounds", "local_epochs", "batch_size", "lr", "dropout",
                  "seed", "fold", "sites", "data_dir", "device", "dp_clip", "dp_noise", "dp_delta",
@@ -202,7 +203,8 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     return p
 
 
-def _task_settings(args: argparse.Namespace) -> dict[str, Any]:
+def task_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the task settings that ``--set KEY=VALUE`` (and the imaging options) give."""
     own = task_defaults(args.task)["settings"]
     out: dict[str, Any] = {}
     for item in args.set:
@@ -236,7 +238,7 @@ def spec_from_args(args: argparse.Namespace, strategy: str | None = None,
         given["strategy"] = strategy
     if fold is not None:
         given["fold"] = fold
-    return RunSpec.for_task(args.task, **given, **_task_settings(args))
+    return RunSpec.for_task(args.task, **given, **task_settings(args))
 
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -92,9 +92,15 @@ def check_one_kind_of_data(task: str, given: Mapping[str, str | Path | None]) ->
 def table_columns(task: Task) -> tuple[str, ...]:
     """Return the metrics an onboarding table shows for ``task``.
 
-    The task's headline first, then its parts (``dice_csf``, ...: Dice per class), then
-    AUC where the task scores it: ABIDE accuracy and AUC, MRI Dice and Dice per tissue.
+    The metrics a task's settings name for its comparisons (``METRICS``: MRI Dice and
+    Dice per tissue, histo Dice and AJI); else the task's headline first, then its parts
+    (``dice_csf``, ...), then AUC where the task scores it (ABIDE accuracy and AUC).
     """
+    from fedbn_med.spec import settings_module
+
+    named = getattr(settings_module(task.name), "METRICS", None)
+    if named:
+        return tuple(f"test_{m}" for m in named)
     head = task.headline
     names = [head, *(m for m in task.score_metrics if m.startswith(f"{head}_")),
              *(["auc"] if "auc" in task.score_metrics else [])]
@@ -150,11 +156,11 @@ def onboard_new_site(
     data_dir : path, optional
         The new site's data root (ABIDE: the folder holding ``ABIDE_pcp/``); the
         training sites keep theirs.
-    federation : CheckpointSource or MlflowRunSource, optional
+    federation : CheckpointSource, RunFolderSource or MlflowRunSource, optional
         The federation's weights. None trains a FedBN and a FedAvg federation on
         ``config.sites`` in this process first (their averaged BN scale and shift stand
         in for a consortium that shares them).
-    fedavg : CheckpointSource or MlflowRunSource, optional
+    fedavg : CheckpointSource, RunFolderSource or MlflowRunSource, optional
         A FedAvg run's full weights, for the FedAvg rows.
     bn_affine : path, optional
         File of averaged BN scale and shift (:func:`save_bn_affine`); else they are reset.

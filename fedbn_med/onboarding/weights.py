@@ -1,8 +1,9 @@
 """Where a new site's federation weights come from, and whether they fit it.
 
-Three sources: a server checkpoint (:class:`CheckpointSource`), the shared weights a
-federation logged on its MLflow parent run (:class:`MlflowRunSource`), or a quick
-federation trained in this process (:func:`train_federation`). Each gives
+Four sources: a server checkpoint (:class:`CheckpointSource`), a federation's run folder
+(:class:`RunFolderSource`), the shared weights a federation logged on its MLflow parent
+run (:class:`MlflowRunSource`), or a quick federation trained in this process
+(:func:`train_federation`). Each gives
 :class:`FederationWeights`: the weights with their origin, round and strategy.
 """
 
@@ -31,6 +32,8 @@ __all__ = [
     "CheckpointSource",
     "FederationWeights",
     "MlflowRunSource",
+    "RUN_FOLDER_FILES",
+    "RunFolderSource",
     "TrainedFederation",
     "WeightsSource",
     "abide_input_shape",
@@ -126,7 +129,47 @@ class MlflowRunSource:
         )
 
 
-WeightsSource = CheckpointSource | MlflowRunSource
+#: Where a federation's run folder (its ``--workdir``) holds its global weights, in the
+#: order looked for: an in-process run's selected round (:func:`fedbn_med.run`, the
+#: pipelines), then a Flower run's selected and last rounds.
+RUN_FOLDER_FILES = ("shared.selected.safetensors", "server/selected.safetensors",
+                    "server/global.safetensors", "run-*/server/selected.safetensors",
+                    "run-*/server/global.safetensors")
+
+
+@dataclass(frozen=True)
+class RunFolderSource:
+    """Weights from a federation's run folder: its selected round's global weights."""
+
+    folder: Path
+
+    def checkpoint(self) -> Path:
+        """Return the folder's weights file (the first of :data:`RUN_FOLDER_FILES` found).
+
+        Raises
+        ------
+        ValueError
+            When the folder is missing or holds none of them, naming what was expected.
+        """
+        folder = Path(self.folder)
+        if not folder.is_dir():
+            raise ValueError(f"Run folder {folder} does not exist; expected a federation's "
+                             "--workdir (e.g. pipelines/histo_fedbn.py --workdir DIR).")
+        for pattern in RUN_FOLDER_FILES:
+            found = sorted(folder.glob(pattern))
+            if found:
+                return found[0]
+        raise ValueError(
+            f"Run folder {folder} holds no global weights: expected one of "
+            f"{', '.join(RUN_FOLDER_FILES)} (a FedBN or FedAvg run; SingleSet and "
+            "Centralized share none).")
+
+    def load(self) -> FederationWeights:
+        """Read the folder's weights and their metadata (round, strategy)."""
+        return CheckpointSource(self.checkpoint()).load()
+
+
+WeightsSource = CheckpointSource | MlflowRunSource | RunFolderSource
 
 
 # -- checks ------------------------------------------------------------------------------

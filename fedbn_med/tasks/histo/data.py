@@ -142,7 +142,18 @@ def site_data(site: str, spec: Any) -> Any:
         For a site the run's tiles and rule do not make, naming those they do.
     """
     settings = spec.settings
-    tiles = site_tiles(spec)
+    if spec.data_dir is None and site not in spec.sites:
+        # a built-in site outside the run (onboarding a new one): its tiles are generated
+        # beside the run's, whose stains keep their order
+        spec = spec.replace(sites=(*spec.sites, site))
+    if settings.site_rule == "single" and spec.data_dir is not None:
+        if site in spec.sites and len(spec.sites) > 1:
+            raise ValueError(f"site_rule 'single' makes one site of every tile of "
+                             f"{spec.data_dir} (a new hospital's folder, to onboard); a run of "
+                             f"{len(spec.sites)} sites needs 'hospital', 'organ' or 'datalist'.")
+        tiles = {site: find_tiles(spec.data_dir)}
+    else:
+        tiles = site_tiles(spec)
     if site not in tiles:
         raise ValueError(f"Unknown site '{site}' under site_rule '{settings.site_rule}'. "
                          f"Valid sites: {', '.join(sorted(tiles))}.")

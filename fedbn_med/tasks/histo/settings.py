@@ -9,8 +9,9 @@ __all__ = ["COMPARE", "DEFAULTS", "ENGINE", "METRICS", "SITES", "SITE_RULES", "S
            "Settings"]
 
 #: The rules that make sites of tiles (:mod:`fedbn_med.tasks.histo.sites`); ``datalist``
-#: takes each tile's ``site`` from its datalist.
-SITE_RULES = ("hospital", "organ", "datalist")
+#: takes each tile's ``site`` from its datalist; ``single`` makes one site of every tile
+#: (a new hospital's own folder, onboarded from a federation's weights).
+SITE_RULES = ("hospital", "organ", "datalist", "single")
 
 #: Stain normalisations a run may apply to every tile.
 STAINS = ("none", "macenko")
@@ -38,10 +39,12 @@ class Settings:
 
     Attributes
     ----------
-    site_rule : {"hospital", "organ", "datalist"}
+    site_rule : {"hospital", "organ", "datalist", "single"}
         How tiles become sites (``RunSpec.data_dir`` holds the tiles: a MoNuSeg-layout
-        folder or a datalist JSON). Without ``data_dir``, generated tiles are used
-        (``synthetic_tiles`` per site, ``synthetic_size`` pixels a side).
+        folder or a datalist JSON); ``single``: every tile is the one site asked for (a
+        new hospital's folder, for onboarding; never a federation of several sites).
+        Without ``data_dir``, generated tiles are used (``synthetic_tiles`` per site,
+        ``synthetic_size`` pixels a side).
     patch_size : int
         Edge of a training patch cut from a tile (a multiple of 8).
     patches : int
