@@ -173,11 +173,12 @@ class LocalFederation:
     # -- sites ---------------------------------------------------------------------------
     def node_command(self, site: str, state_dir: Path, data_dir: Path | None = None,
                      device: str = "auto", auth_key: Path | None = None,
-                     max_wait_time: float = 60.0, superlink: str | None = None) -> list[str]:
+                     max_wait_time: float = 60.0, superlink: str | None = None,
+                     secagg: bool = False) -> list[str]:
         """Return the command that runs one site's node against this SuperLink."""
         return [sys.executable, "-m", "fedbn_med.federation.node",
                 *self._node_args(site, state_dir, data_dir, device, auth_key, max_wait_time,
-                                 superlink)]
+                                 superlink, secagg=secagg)]
 
     def _node_args(self, site: str, state_dir: Path, data_dir: Path | None, device: str,
                    auth_key: Path | None, max_wait_time: float, superlink: str | None,

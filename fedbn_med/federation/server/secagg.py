@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -93,13 +94,16 @@ class _StageGrid:
     def __init__(self, grid: FastGrid, timeout: float) -> None:
         self.grid, self.timeout = grid, timeout
         self.replies: dict[str, list[Message]] = {}
+        self.seconds: dict[str, float] = {}
 
     def send_and_receive(self, messages: Any, *, timeout: float | None = None
                          ) -> list[Message]:
         messages = list(messages)
         stage = (str(messages[0].content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE))
                  if messages else "")
+        started = time.monotonic()
         replies = self.grid.send(messages, timeout=self.timeout, pace=f"secagg-{stage}")
+        self.seconds[stage] = time.monotonic() - started
         self.replies[stage] = replies
         return replies
 
@@ -170,6 +174,8 @@ def secagg_fit(grid: FastGrid, contents: Mapping[int, RecordDict], rnd: int, *,
     out.replies = staged.replies.get(Stage.COLLECT_MASKED_VECTORS, [])
     out.contributors = sorted(m.metadata.src_node_id for m in out.replies if not m.has_error())
     out.answered = {m.metadata.src_node_id for r in staged.replies.values() for m in r}
+    logger.info("Round %d SecAgg+ stages (s, exchange only): %s", rnd,
+                ", ".join(f"{k} {v:.2f}" for k, v in staged.seconds.items()))
     if done and capture.mean is not None:
         out.mean = capture.mean
     elif not out.why:
