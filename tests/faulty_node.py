@@ -49,8 +49,9 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
             threading.Event().wait()  # never answers; the node's heartbeats go on
         if fault == "hostile-upload" and kind in ("train", "evaluate"):
             return _hostile(message, kind)
-        if (fault == "dies-in-secagg" and kind == "train" and RECORD in message.content.config_records
-                and int(message.content.config_records[RECORD]["config/round"]) == 2):
+        records = message.content.config_records
+        if (fault == "dies-in-secagg" and kind == "train" and RECORD in records
+                and int(records[RECORD]["config/round"]) == 2):
             logger.warning("faulty node dies in the middle of a SecAgg+ round")
             os._exit(9)
         reply = honest(message=message, context=context)
