@@ -212,3 +212,26 @@ def test_a_site_dropping_out_mid_round_leaves_the_sum_of_the_others(
     weights, _ = load_tensors(tmp_path / "server" / "global.safetensors")
     assert all(bool(torch.isfinite(v).all()) and float(v.abs().max()) < 8 for v in
                weights.values())
+
+
+def test_secagg_needs_the_flower_engine(capsys):
+    from fedbn_med.cli import main
+
+    assert main(["--secagg", "--engine", "inprocess", "--rounds", "1", "--quiet"]) == 2
+    assert "--secagg aggregates over Flower; got --engine inprocess" in capsys.readouterr().err
+
+
+def test_the_site_console_says_what_left_in_each_secagg_stage():
+    from fedbn_med.federation.records import pack
+    from fedbn_med.federation.site_console import SiteConsole
+
+    lines: list[str] = []
+    console = SiteConsole("NYU", lines.append)
+    setup = _secagg_message(Stage.SETUP, **{Key.SAMPLE_NUMBER: 3, Key.THRESHOLD: 2})
+    keys = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.PUBLIC_KEY_1: b"k"})})
+    console.answered(setup, Message(keys, reply_to=setup))
+    masked = pack(metrics={"num-examples": 10.0})
+    masked[RECORD_KEY_CONFIGS] = ConfigRecord({Key.MASKED_PARAMETERS: [b"m"]})
+    console.answered(setup, Message(masked, reply_to=setup))
+    assert lines[0] == "[NYU] SecAgg+: sent keys or key shares"
+    assert "sent 0 tensors (0 B) and its update masked (SecAgg+" in lines[1]

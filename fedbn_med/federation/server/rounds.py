@@ -87,11 +87,12 @@ class FederationServer:
                 f"Strategy '{self.strategy.name}' reads every site's data in one place; it "
                 "is not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
-        if settings.secagg and (not self.strategy.exchanges or self.strategy.controls):
+        # under SecAgg+, the sites' updates reach the server only summed (.secagg)
+        self.secagg = settings.secagg and self.strategy.exchanges  # else nothing is summed
+        if self.secagg and self.strategy.controls:
             raise ValueError(
-                f"Strategy '{self.strategy.name}' cannot run under SecAgg: SecAgg averages "
-                "exchanged weights only (FedBN, FedAvg with local BN, FedProx), and this one "
-                f"{'exchanges nothing' if not self.strategy.exchanges else 'has controls'}.")
+                f"Strategy '{self.strategy.name}' cannot run under SecAgg: SecAgg sums the "
+                "exchanged weights only, and this strategy sends control variates too.")
         self.task = get_task(config.task)
         self.scores = score_names(self.task.score_metrics)  # the only scores a site may send
         # Sites are strangers to each other in hospital mode: no claim outweighs the rest.
@@ -128,13 +129,13 @@ class FederationServer:
         # the grid any reply larger in all, or of more objects, before reading it all.
         integers = sorted(k for k, t in self.global_weights.items()
                           if not t.dtype.is_floating_point)
-        if self.settings.secagg and integers:
+        if self.secagg and integers:
             raise ValueError(f"SecAgg averages floating-point tensors only; strategy "
                              f"'{self.strategy.name}' exchanges {integers[:3]} (keep "
                              "normalisation layers local: FedBN).")
         # under SecAgg the masked vector holds 8-byte integers
         max_bytes, max_objects = reply_bounds(
-            t.numel() * (8 if self.settings.secagg else t.element_size())
+            t.numel() * (8 if self.secagg else t.element_size())
             for t in self.global_weights.values())
         self.grid.max_reply_bytes, self.grid.max_reply_objects = max_bytes, max_objects
         write_text_atomic(self.settings.workdir / "server" / "max_body", str(max_bytes))
@@ -207,7 +208,7 @@ class FederationServer:
         started = time.monotonic()
         plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
         scored = self.global_weights  # round rnd - 1's aggregate: what the sites score now
-        if self.settings.secagg:
+        if self.secagg:
             secure = SecAggRound(self, rnd, nodes, plan.evaluate_first)
             replies, answered = secure.summed.replies, secure.summed.answered
         else:
@@ -217,7 +218,7 @@ class FederationServer:
             answered = {r.metadata.src_node_id for r in replies}
         self.registry.heard(nodes, answered)
         got = self._read_replies(rnd, nodes, replies)
-        if self.settings.secagg:
+        if self.secagg:
             outcome = secure.outcome()
         else:
             outcome = close_round(self.strategy, self.global_weights, got.updates,
