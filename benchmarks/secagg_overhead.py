@@ -8,6 +8,7 @@ their ratio (target: SecAgg at most 2x plain FedBN on 4 sites).
 
     python benchmarks/secagg_overhead.py            # 20 rounds each
     python benchmarks/secagg_overhead.py --quick    # 3 rounds each
+    python benchmarks/secagg_overhead.py --local-epochs 8 --rounds 5
 
 A round is timed as the federation overhead benchmark does: from the start of round 1 to
 the last round's scores, over the rounds; the median of the server's own per-round times
@@ -52,15 +53,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds each")
     parser.add_argument("--rounds", type=int, default=None, help="rounds each (default 20)")
+    parser.add_argument("--local-epochs", type=int, default=1,
+                        help="local epochs per round (default 1): more compute per round, "
+                             "the same SecAgg+ exchanges")
     args = parser.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 20)
-    spec = RunSpec(strategy="fedbn", rounds=rounds, device="cpu")
+    spec = RunSpec(strategy="fedbn", rounds=rounds, device="cpu",
+                   local_epochs=args.local_epochs)
     get_task("abide").prepare(spec)
     with tempfile.TemporaryDirectory(prefix="fedbn-secagg-") as tmp:
         plain = per_round(spec, Path(tmp) / "plain", secagg=False)
         secure = per_round(spec, Path(tmp) / "secagg", secagg=True)
     print(f"\nFedBN over Flower on 127.0.0.1, {len(spec.sites)} sites "
-          f"({', '.join(spec.sites)}), {rounds} rounds each\n")
+          f"({', '.join(spec.sites)}), {rounds} rounds of {spec.local_epochs} local "
+          "epoch(s) each\n")
     print("| run | s/round (rounds phase) | median s/round (server, rounds 2+) |")
     print("|---|---|---|")
     for label, row in (("plain FedBN", plain), ("SecAgg+ FedBN", secure)):
