@@ -235,3 +235,42 @@ def test_the_site_console_says_what_left_in_each_secagg_stage():
     console.answered(setup, Message(masked, reply_to=setup))
     assert lines[0] == "[NYU] SecAgg+: sent keys or key shares"
     assert "sent 0 tensors (0 B) and its update masked (SecAgg+" in lines[1]
+
+
+@pytest.fixture(scope="module")
+def keyed(small_cohort, tmp_path_factory):
+    """Hospital mode: TLS, node authentication, three sites that accept SecAgg."""
+    from .keyed import keyed_federation
+
+    root = tmp_path_factory.mktemp("keyed-secagg")
+    with keyed_federation(root, list(SITES)) as c:
+        for site in SITES:
+            c.fed.start_site(site, data_dir=small_cohort, device="cpu", threads=1,
+                             auth_key=c.keys.site_keys[site][0], secagg=True)
+        c.fed.wait_sites_ready(list(SITES), timeout=180)
+        yield c
+
+
+@pytest.mark.integration
+def test_hospital_mode_secagg_checks_the_sum_against_the_registered_counts(keyed,
+                                                                          small_cohort):
+    from .keyed import run_federation
+
+    spec = RunSpec(strategy="fedbn", rounds=1, sites=SITES, data_dir=small_cohort)
+    # no counts registered: the sum's weight is checked against what the sites reported
+    results, events, _ = run_federation(keyed, "claimed", spec, timeout=180, secagg=True)
+    assert "error" not in results, results
+    (row,) = [e for e in events if e["event"] == "round"]
+    counts = {site: int(row["sites"][site]["num_examples"]) for site in SITES}
+    # the smallest site weighs itself with its own count, 50 more than the consortium
+    # registered (the largest would refuse: its count is above the round's scale)
+    liar = min(counts, key=counts.__getitem__)
+    registered = {**counts, liar: counts[liar] - 50}
+    results, events, _ = run_federation(keyed, "registered", spec, timeout=180, secagg=True,
+                                        registered_counts=registered)
+    assert "error" in results
+    refused = [e["reason"] for e in events if e["event"] == "update-refused"]
+    expected = sum(registered.values())
+    assert len(refused) == len(SITES) and all(
+        f"the round's SecAgg sum is refused: its total weight is {expected + 50}" in r
+        for r in refused), refused
