@@ -79,9 +79,11 @@ def test_a_site_takes_part_in_secagg_only_when_its_policy_allows_it(tmp_path):
     with pytest.raises(PermissionError, match="Site NYU refuses secure aggregation: its "
                                               "policy does not allow it"):
         secagg_gate(msg, _context(tmp_path, secagg=False), never)
-    lone = _secagg_message(Stage.SETUP, **{Key.SAMPLE_NUMBER: 1, Key.THRESHOLD: 1})
-    with pytest.raises(PermissionError, match="refuses a SecAgg\\+ round whose sample_num"):
-        secagg_gate(lone, _context(tmp_path, secagg=True), never)
+    for sites, needed in ((1, 1), (4, 2), (5, 2)):
+        low = _secagg_message(Stage.SETUP, **{Key.SAMPLE_NUMBER: sites, Key.THRESHOLD: needed})
+        with pytest.raises(PermissionError, match=f"refuses a SecAgg\\+ round of {sites} sites "
+                                                  f"with a reconstruction threshold of {needed}"):
+            secagg_gate(low, _context(tmp_path, secagg=True), never)
 
 
 def test_node_and_server_settings_validate_secagg():

@@ -67,8 +67,8 @@ def secagg_gate(msg: Message, context: Context, call_next: ClientAppCallable) ->
     """Run Flower's SecAgg+ mod, for a site whose policy allows it, on SecAgg messages only.
 
     Plain train messages go straight to the site's handler. A SecAgg+ setup that would
-    let the server read one site's update (fewer than two sites, or a reconstruction
-    threshold below two) is refused.
+    make one site's update easier to read (fewer than two sites, or a reconstruction
+    threshold below a majority of them, or below two) is refused.
     """
     if msg.metadata.message_type != MessageType.TRAIN or not is_secagg(msg):
         return call_next(msg, context)
@@ -80,12 +80,14 @@ def secagg_gate(msg: Message, context: Context, call_next: ClientAppCallable) ->
             "allows it).")
     configs = msg.content.config_records[RECORD_KEY_CONFIGS]
     if configs.get(Key.STAGE) == Stage.SETUP:
-        for key in (Key.SAMPLE_NUMBER, Key.THRESHOLD):
-            value = configs.get(key)
-            if not isinstance(value, int) or value < MIN_SITES:
-                raise PermissionError(
-                    f"Site {node.site} refuses a SecAgg+ round whose {key} is {value!r}: "
-                    f"with fewer than {MIN_SITES}, the server could read one site's update.")
+        sites, needed = configs.get(Key.SAMPLE_NUMBER), configs.get(Key.THRESHOLD)
+        if not (isinstance(sites, int) and isinstance(needed, int) and sites >= MIN_SITES
+                and needed >= max(MIN_SITES, sites // 2 + 1)):
+            raise PermissionError(
+                f"Site {node.site} refuses a SecAgg+ round of {sites!r} sites with a "
+                f"reconstruction threshold of {needed!r}: it takes part with at least "
+                f"{MIN_SITES} sites and a threshold of a majority of them (at least "
+                f"{MIN_SITES}); with less, the server could read one site's update.")
     return secaggplus_mod(msg, context, call_next)
 
 
