@@ -231,8 +231,11 @@ class SecAggRound:
         self.counts = {site: 1 if equal else settings.registered_counts.get(
             site, server.registry.counts.get(site, 0)) for site in self.nodes.values()}
         self.scale = float(max(1, *self.counts.values()))
-        contents = {n: server._content(rnd, evaluate_first, **{
-            SCALE: self.scale, MAX_NORM: settings.secagg_max_norm}) for n in self.nodes}
+        # one payload record (the global weights) in every node's message: serialised
+        # once, and stored once by the SuperLink; each message gets its own SecAgg+ record
+        payload = server._content(rnd, evaluate_first, **{
+            SCALE: self.scale, MAX_NORM: settings.secagg_max_norm})
+        contents = {n: RecordDict(dict(payload.items())) for n in self.nodes}
         self.summed = secagg_fit(server.grid, contents, rnd, clip=settings.secagg_clip,
                                  timeout=settings.round_timeout)
 
