@@ -219,7 +219,7 @@ class FederationServer:
         self.registry.heard(nodes, answered)
         got = self._read_replies(rnd, nodes, replies)
         if self.secagg:
-            outcome = secure.outcome()
+            outcome = secure.outcome(got.fits)
         else:
             outcome = close_round(self.strategy, self.global_weights, got.updates,
                                   self.partition.all - self.exchanged, control=self.control,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -239,14 +239,23 @@ class SecAggRound:
         self.summed = secagg_fit(server.grid, contents, rnd, clip=settings.secagg_clip,
                                  timeout=settings.round_timeout)
 
-    def outcome(self) -> RoundOutcome:
-        """Return the round's new global weights, or every contributor refused and why."""
+    def outcome(self, readable: Collection[str]) -> RoundOutcome:
+        """Return the round's new global weights, or every contributor refused and why.
+
+        ``readable``: the sites whose reply (metrics, scores) the server accepted. A site
+        whose masked vector entered the sum but whose reply was refused cannot be taken
+        out of it: the sum is refused.
+        """
         server, summed = self.server, self.summed
         out = RoundOutcome(global_weights=server.global_weights, control=server.control,
                            norm_reference=server.norm_reference)
         sites = sorted(self.nodes[n] for n in summed.contributors if n in self.nodes)
         why = summed.why
-        if summed.mean is not None:
+        unread = sorted(set(sites) - set(readable))
+        if unread:
+            why = (f"the replies of {', '.join(unread)} were refused, and their masked "
+                   "vectors are in the sum")
+        elif summed.mean is not None:
             settings = server.settings
             average, why = sum_reason(summed.mean, len(summed.contributors),
                                       server.global_weights,
