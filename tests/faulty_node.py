@@ -12,7 +12,10 @@ turn a fault on. Faults:
 - ``hostile-upload``: says who it is, then answers training round 1 and every evaluation
   with a reply whose head reaches the SuperLink and whose contents never do (as when a
   site's link dies in the middle of its upload); round 2 with a reply of three times the
-  model's bytes, all uploaded; round 3 with a reply whose head names thousands of objects.
+  model's bytes, all uploaded; round 3 with a reply whose head names thousands of objects;
+- ``dies-in-secagg``: takes part in SecAgg+ honestly until round 2's train message (its
+  keys shared with the other sites), then its process exits at once: a site that drops
+  out in the middle of a SecAgg+ round.
 
 Each message it gets is logged as ``faulty node got a <type> message``.
 """
@@ -20,6 +23,7 @@ Each message it gets is logged as ``faulty node got a <type> message``.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -45,6 +49,11 @@ def _faulty(fault: str, honest):  # noqa: ANN001, ANN202 - a ClientApp
             threading.Event().wait()  # never answers; the node's heartbeats go on
         if fault == "hostile-upload" and kind in ("train", "evaluate"):
             return _hostile(message, kind)
+        records = message.content.config_records
+        if (fault == "dies-in-secagg" and kind == "train" and RECORD in records
+                and int(records[RECORD]["config/round"]) == 2):
+            logger.warning("faulty node dies in the middle of a SecAgg+ round")
+            os._exit(9)
         reply = honest(message=message, context=context)
         if fault == "lies" and kind == "train":
             record = reply.content.config_records[RECORD]

@@ -95,6 +95,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.serve:
         return serve_mode(args, spec, tracking_uri, workdir)
+    if args.secagg and args.engine != "flower":
+        raise ValueError(f"--secagg aggregates over Flower; got --engine {args.engine}. Use "
+                         "--engine flower (or --serve), or drop --secagg.")
     compare = compare_list(args)
     if not compare and (args.folds is not None or args.seeds is not None
                         or args.workers is not None):

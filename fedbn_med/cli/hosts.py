@@ -95,7 +95,7 @@ def site_mode(args: argparse.Namespace) -> int:
              device=args.device or "auto", root_certificates=args.root_certificates,
              auth_key=args.auth_key, insecure=args.insecure,
              max_wait_time=args.wait_timeout or ServerSettings.wait_timeout,
-             share_private=args.share_private_layers,
+             share_private=args.share_private_layers, secagg=bool(args.secagg),
              console=SiteConsole(args.site, lambda line: print(line, flush=True)),
              keep_serving=args.keep_serving)
     return 0

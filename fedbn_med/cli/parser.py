@@ -149,6 +149,10 @@ def build_parser(task: str = "abide") -> argparse.ArgumentParser:
     fed.add_argument("--round-timeout", type=_seconds, default=None,
                      help="seconds a round waits for a site's reply (default "
                           f"{ServerSettings.round_timeout:g})")
+    fed.add_argument("--secagg", action="store_const", const=True, default=None,
+                     help="secure aggregation (SecAgg+): the server sees only the sum of the "
+                          "sites' updates (FedBN: BN stays home). With --site: this site "
+                          "accepts it (or secure_aggregation = true in its site file)")
 
     dp = p.add_argument_group("privacy: client-level differential privacy (each site's own "
                               "file may demand more noise)")
@@ -243,7 +247,7 @@ def spec_from_args(args: argparse.Namespace, strategy: str | None = None,
 
 def server_options(args: argparse.Namespace) -> dict[str, Any]:
     """Return the server settings the user gave; the rest keep ServerSettings' defaults."""
-    names = ("min_sites", "wait_timeout", "round_timeout")
+    names = ("min_sites", "wait_timeout", "round_timeout", "secagg")
     return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
 
 

@@ -53,6 +53,15 @@ from fedbn_med.federation.audit import AuditLog, run_spec_hash, tensor_facts
 from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
 from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.secagg import (
+    MAX_NORM,
+    SCALE,
+    check_outgoing,
+    clipping_range,
+    is_secagg,
+    masked_reply,
+    secagg_gate,
+)
 from fedbn_med.federation.site_runtime import SiteRuntime, _refused
 from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
@@ -181,6 +190,8 @@ def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]
 def _reply_facts(reply: Message) -> dict[str, object]:
     payload = unpack(reply.content)
     out: dict[str, object] = {"tensors": tensor_facts(payload.tensors)}
+    if "fitres.parameters" in reply.content.array_records:  # the update, to be masked
+        out["secagg"] = "masked update of the shared keys"
     for section in ("metrics", "eval"):
         if section in payload.sections:
             out[section] = sorted(payload.floats(section))  # names only
@@ -228,16 +239,20 @@ def query(msg: Message, context: Context) -> Message:
     return Message(pack(info=info), reply_to=msg)
 
 
-@app.train()
+@app.train(mods=[secagg_gate])
 @_audited
 def train(msg: Message, context: Context) -> Message:
-    """Evaluate the incoming global weights if asked, then train and send the update."""
+    """Evaluate the incoming global weights if asked, then train and send the update.
+
+    Under SecAgg (:mod:`fedbn_med.federation.secagg`) the update goes out masked.
+    """
     rt = runtime(context)
     payload = unpack(msg.content)
     cfg = payload.section("config")
     rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
     sections: dict[str, dict] = {}
     weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
+    received = weights
     rt.check_model(weights, "a train")
     asked = cfg.get("local-epochs")
     epochs: object = None
@@ -275,8 +290,31 @@ def train(msg: Message, context: Context) -> Message:
         released.pop("train_loss", None)
     sections["metrics"] = _numbers({"num-examples": n, **released, "setups": rt.setups})
     sections["state"] = {"private-hash": digest, "round": rnd}
+    if is_secagg(msg):
+        return Message(_secagg_content(rt, context, cfg, weights, received, n, sections),
+                       reply_to=msg)
     return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
                    reply_to=msg)
+
+
+def _secagg_content(rt: SiteRuntime, context: Context, cfg: dict, sent: dict,
+                    received: dict, n: int, sections: dict[str, dict]):  # -> RecordDict
+    # The site's own checks of what it masks (the server sees only the sum), then the
+    # vector: its weight is its own count (1 each when the run weighs sites alike).
+    site = rt.trainer.site
+    if rt.trainer.control_delta:
+        raise PermissionError(_refused(f"Site {site} refuses SecAgg with a strategy that "
+                                       "sends control variates (SCAFFOLD)."))
+    scale, max_norm = cfg.get(SCALE), cfg.get(MAX_NORM)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+               for v in (scale, max_norm)):
+        raise ValueError(f"Site {site} refuses a SecAgg round whose {SCALE} is {scale!r} and "
+                         f"{MAX_NORM} {max_norm!r}: expected positive numbers.")
+    check_outgoing(site, sent, received, rt.trainer.partition.private,
+                   clipping_range(context), float(cast(float, max_norm)))
+    equal = read_site_config(context.run_config)[0].weighting == "equal"
+    return masked_reply(pack(**sections), sent, 1.0 if equal else float(n),
+                        float(cast(float, scale)))
 
 
 @app.evaluate()

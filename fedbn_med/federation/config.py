@@ -101,6 +101,13 @@ class ServerSettings:
     registered_counts : dict of str to int
         Each site's training examples as registered with its key (the consortium's
         ``counts.json``): a site weighs at most this in an average. Empty: none.
+    secagg : bool
+        Aggregate every round with SecAgg+ (:mod:`fedbn_med.federation.server.secagg`):
+        the server sees only the sum of the sites' updates.
+    secagg_clip : float
+        Under SecAgg, the range +-secagg_clip of every exchanged value (quantisation).
+    secagg_max_norm : float
+        Under SecAgg, the largest update norm a site sends (each site checks its own).
     """
 
     workdir: Path
@@ -115,6 +122,9 @@ class ServerSettings:
     input_shape: tuple[int, ...] = ()
     node_sites: dict[str, str] = dataclasses.field(default_factory=dict)
     registered_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    secagg: bool = False
+    secagg_clip: float = 8.0
+    secagg_max_norm: float = 100.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -134,10 +144,12 @@ class ServerSettings:
                              f">= 1, got {self.registered_counts!r}.")
         if not isinstance(self.min_sites, int) or self.min_sites < 0:
             raise ValueError(f"min_sites must be an integer >= 0, got {self.min_sites!r}.")
-        for name in ("wait_timeout", "round_timeout"):
+        if not isinstance(self.secagg, bool):
+            raise ValueError(f"secagg must be true or false, got {self.secagg!r}.")
+        for name in ("wait_timeout", "round_timeout", "secagg_clip", "secagg_max_norm"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
+                raise ValueError(f"{name} must be a positive number, got {value!r}.")
 
     def needed(self, n_sites: int) -> int:
         """Return how many sites a round needs: ``min_sites``, else a majority of the sites.
@@ -268,6 +280,9 @@ class NodeSettings:
     share_private : bool
         The site's own policy: may its private (normalisation) layers leave it? Set from
         its site file and command line, never from the server (default: no).
+    secagg : bool
+        The site's own policy: may it send its update under secure aggregation (SecAgg+),
+        where the server checks only the sum of the sites' updates? (default: no)
     """
 
     site: str
@@ -275,11 +290,13 @@ class NodeSettings:
     data_dir: Path | None = None
     device: str = "auto"
     share_private: bool = False
+    secagg: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.site, "The node config's site", "e.g. site='UCLA'")
-        if not isinstance(self.share_private, bool):
-            raise ValueError(f"share_private must be true or false, got {self.share_private!r}.")
+        for name in ("share_private", "secagg"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}.")
         if not str(self.state_dir):
             raise ValueError(f"The node config of site '{self.site}' must name a state_dir.")
         object.__setattr__(self, "state_dir", Path(self.state_dir))

@@ -162,8 +162,10 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     # cuda:(i mod n)); each initialises CUDA itself, after the fork.
                     devices = site_devices(sites, first.device)
                     for site in sites:
+                        # every site is ours: the server's SecAgg is their policy too
                         fed.start_site(site, data_dir=first.data_dir, device=devices[site],
-                                       threads=threads, share_private=share_private)
+                                       threads=threads, share_private=share_private,
+                                       secagg=options.server.secagg)
                     fed.wait_sites_ready(sites, timeout=options.server.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
@@ -224,7 +226,8 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
              device: str = "auto", root_certificates: Path | None = None,
              auth_key: Path | None = None, insecure: bool = False,
              max_wait_time: float = 60.0, share_private: bool = False,
-             console: SiteConsole | None = None, keep_serving: bool = False) -> None:
+             console: SiteConsole | None = None, keep_serving: bool = False,
+             secagg: bool = False) -> None:
     """Serve one hospital's site against a federation server elsewhere (hospital mode).
 
     The site returns once the federation's final evaluation is answered, unless
@@ -233,10 +236,12 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
 
     ``share_private`` (the site's command line) or ``share_private_layers = true`` in its
     site file lets its private layers leave it; by default a run whose strategy would
-    send them (FedAvg, FedProx) is refused, whatever the server asks.
+    send them (FedAvg, FedProx) is refused, whatever the server asks. ``secagg`` (its
+    command line) or ``secure_aggregation = true`` in its site file lets it send its update
+    under SecAgg+ (the server then sees only the sum of the sites' updates).
     """
     from fedbn_med.federation.node import run_node
-    from fedbn_med.tasks.site_toml import share_private_layers
+    from fedbn_med.tasks.site_toml import secure_aggregation, share_private_layers
 
     host = superlink.rsplit(":", 1)[0]
     if root_certificates is None and not insecure and not is_loopback(host):
@@ -246,7 +251,8 @@ def run_site(site: str, superlink: str, *, state_dir: Path, data_dir: Path | Non
             "send weights in clear text on a network you trust."
         )
     node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device,
-                        share_private=share_private or share_private_layers(site))
+                        share_private=share_private or share_private_layers(site),
+                        secagg=secagg or secure_aggregation(site))
     run_node(superlink, node, root_certificates=root_certificates,
              private_key=auth_key, insecure=root_certificates is None,
              max_wait_time=max_wait_time, console=console, until_done=not keep_serving)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flwr.app import Message
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedbn_med.federation.records import unpack
 
@@ -76,7 +77,11 @@ class SiteConsole:
         if reply.has_error():
             self.write(f"[{self.site}] round {rnd}: {kind} refused: {reply.error.reason}")
             return
-        sent = unpack(reply.content)
+        try:
+            sent = unpack(reply.content)
+        except ValueError:  # a SecAgg+ stage: keys or key shares, nothing of the site's data
+            self.write(f"[{self.site}] SecAgg+: sent keys or key shares")
+            return
         if kind == "query":
             facts = ", ".join(sent.section("info"))
             self.write(f"[{self.site}] told the server its site facts ({facts})")
@@ -86,6 +91,8 @@ class SiteConsole:
                       for t in sent.tensors.values())
         what = {"train": "trained", "evaluate": "scored the final model"}.get(kind, kind)
         line = f"[{self.site}] round {rnd}: {what}; sent {len(names)} tensors ({_size(n_bytes)})"
+        if RECORD_KEY_CONFIGS in reply.content.config_records:
+            line += " and its update masked (SecAgg+: the server sees only the sum)"
         numbers = _numbers(sent.sections)
         if numbers:
             line += f", {numbers}"

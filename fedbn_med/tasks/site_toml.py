@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["COMMON_KEYS", "DEFAULT_MAX_MESSAGE_MB", "DEFAULT_MAX_SCORES",
            "DEFAULT_MESSAGE_TIMEOUT_S", "DP_KEYS", "MIN_DP_CLIP", "MAX_DP_DELTA", "SitePolicy",
            "TRAINING_BOUNDS", "TrainingPolicy",
-           "read_site_file", "share_private_layers", "site_path", "site_policy",
-           "site_privacy", "site_seed_and_device", "sites_dir"]
+           "read_site_file", "secure_aggregation", "share_private_layers", "site_path",
+           "site_policy", "site_privacy", "site_seed_and_device", "sites_dir"]
 
 #: A site file's client-level DP entries: a noise floor, a delta ceiling, its clip norm.
 DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
@@ -39,7 +39,7 @@ DP_KEYS = frozenset({"dp_noise", "dp_delta", "dp_clip"})
 COMMON_KEYS = frozenset({"share_private_layers", "dp_epsilon_max", "max_scores_per_run",
                          "max_message_mb", "message_timeout_s", "max_weight_abs",
                          "max_model_shift", "training", "approved_specs",
-                         "approved_apps"})
+                         "approved_apps", "secure_aggregation"})
 #: Scores (evaluations) a site sends per federation run unless its file says otherwise.
 DEFAULT_MAX_SCORES = 500
 #: The most MiB of one message from the server a site downloads unless its file says
@@ -84,14 +84,24 @@ def read_site_file(path: Path, valid_keys: set[str]) -> dict[str, object]:
     if "name" in raw and raw["name"] != path.stem:
         raise ValueError(f"Site file {path} says name = {raw['name']!r}, but its file names "
                          f"site '{path.stem}'; they must match.")
-    if not isinstance(raw.get("share_private_layers", False), bool):
-        raise ValueError(f"Site file {path}: 'share_private_layers' must be true or false, "
-                         f"got {raw['share_private_layers']!r}.")
+    for key in ("share_private_layers", "secure_aggregation"):
+        if not isinstance(raw.get(key, False), bool):
+            raise ValueError(f"Site file {path}: '{key}' must be true or false, "
+                             f"got {raw[key]!r}.")
     return raw
 
 
 def share_private_layers(site: str, task: str = "abide") -> bool:
     """Return the site file's privacy policy: may its private (BN) layers leave? (default no)."""
+    return _flag(site, task, "share_private_layers")
+
+
+def secure_aggregation(site: str, task: str = "abide") -> bool:
+    """Return the site file's policy: may it send its update under SecAgg+? (default no)."""
+    return _flag(site, task, "secure_aggregation")
+
+
+def _flag(site: str, task: str, key: str) -> bool:
     check_name(site, why="it names the site's file")
     for path in (sites_dir() / f"{site}.toml", sites_dir() / task / f"{site}.toml"):
         if path.is_file():
@@ -99,9 +109,9 @@ def share_private_layers(site: str, task: str = "abide") -> bool:
                 raw = tomllib.loads(path.read_text(encoding="utf-8"))
             except tomllib.TOMLDecodeError as err:
                 raise ValueError(f"Site file {path} is not valid TOML: {err}.") from err
-            value = raw.get("share_private_layers", False)
+            value = raw.get(key, False)
             if not isinstance(value, bool):
-                raise ValueError(f"Site file {path}: 'share_private_layers' must be true or "
+                raise ValueError(f"Site file {path}: '{key}' must be true or "
                                  f"false, got {value!r}.")
             return value
     return False

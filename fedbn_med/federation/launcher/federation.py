@@ -173,17 +173,18 @@ class LocalFederation:
     # -- sites ---------------------------------------------------------------------------
     def node_command(self, site: str, state_dir: Path, data_dir: Path | None = None,
                      device: str = "auto", auth_key: Path | None = None,
-                     max_wait_time: float = 60.0, superlink: str | None = None) -> list[str]:
+                     max_wait_time: float = 60.0, superlink: str | None = None,
+                     secagg: bool = False) -> list[str]:
         """Return the command that runs one site's node against this SuperLink."""
         return [sys.executable, "-m", "fedbn_med.federation.node",
                 *self._node_args(site, state_dir, data_dir, device, auth_key, max_wait_time,
-                                 superlink)]
+                                 superlink, secagg=secagg)]
 
     def _node_args(self, site: str, state_dir: Path, data_dir: Path | None, device: str,
                    auth_key: Path | None, max_wait_time: float, superlink: str | None,
-                   share_private: bool = False) -> list[str]:
+                   share_private: bool = False, secagg: bool = False) -> list[str]:
         node = NodeSettings(site=site, state_dir=state_dir, data_dir=data_dir, device=device,
-                            share_private=share_private)
+                            share_private=share_private, secagg=secagg)
         args = ["--superlink", superlink or self.local_address,
                 "--node-settings", node.to_node_config()[RUN_CONFIG_KEY],
                 "--max-wait-time", str(max_wait_time)]
@@ -215,7 +216,8 @@ class LocalFederation:
     def start_site(self, site: str, *, data_dir: Path | None = None, device: str = "auto",
                    auth_key: Path | None = None, threads: int | None = None,
                    superlink: str | None = None, prefix: Sequence[str] = (),
-                   max_wait_time: float = 60.0, share_private: bool = False) -> Child:
+                   max_wait_time: float = 60.0, share_private: bool = False,
+                   secagg: bool = False) -> Child:
         """Start one site's node process (its own OS process).
 
         ``threads`` caps the site's CPU threads, so several sites on one host share its
@@ -225,14 +227,15 @@ class LocalFederation:
         a command ``prefix`` (a network namespace, say). ``device`` is passed as given;
         spread ``auto`` over the local GPUs first with
         :func:`fedbn_med.federation.launcher.devices.site_devices`. ``share_private`` is
-        the site's own policy (may its private layers leave it?).
+        the site's own policy (may its private layers leave it?), ``secagg`` too (may it
+        send its update under SecAgg+?).
         """
         name = f"site-{site}"
         env = None
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         args = self._node_args(site, self.workdir / "sites", data_dir, device, auth_key,
-                               max_wait_time, superlink, share_private)
+                               max_wait_time, superlink, share_private, secagg)
         if not prefix and self._site_host is not None and self._site_host.running():
             forked: ForkedSite = self._site_host.fork(name, args, env)
             self.site_status[name] = forked.status

@@ -201,6 +201,7 @@ class SiteInfo:
     input_shape: tuple[int, ...]
     resumed_round: int
     private_hash: str
+    num_train: int = 0  # what the site says it trains on (SecAgg's scale without a registry)
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,11 @@ def read_query(content: RecordDict) -> SiteInfo:
     digest = info.get("private-hash", "")
     if not isinstance(digest, str) or not (digest == "" or _HASH.fullmatch(digest)):
         raise ValueError(f"its private-hash {str(digest)[:70]!r} is not a SHA-256 in hex")
-    return SiteInfo(site, tuple(cast("list[int]", shape)), cast(int, resumed), digest)
+    count = info.get("num-train", 0)
+    if not _whole(count, 0):
+        raise ValueError(f"its num-train {repr(count)[:40]} is not a whole number from 0")
+    return SiteInfo(site, tuple(cast("list[int]", shape)), cast(int, resumed), digest,
+                    cast(int, count))
 
 
 def claimed_site(reply: Message) -> str | None:

@@ -44,13 +44,16 @@ class FastGrid:
         return list(self.grid.get_node_ids())
 
     def send(self, messages: Iterable[Message], timeout: float,
-             until: Callable[[list[Message]], bool] | None = None) -> list[Message]:
+             until: Callable[[list[Message]], bool] | None = None,
+             pace: str | None = None) -> list[Message]:
         """Push messages and return the replies that arrive within ``timeout`` seconds.
 
         ``until``, given the replies so far, may end the wait before every reply is in.
+        ``pace`` names the timing to learn (default: the message type), for exchanges of
+        one type whose replies take very different times (the stages of SecAgg+).
         """
         messages = list(messages)
-        kind = messages[0].metadata.message_type if messages else ""
+        kind = pace or (messages[0].metadata.message_type if messages else "")
         pacer = self.pacers.setdefault(kind, Pacer(poll=self.poll, max_poll=self.max_poll,
                                                    share=0.8))
         deadline = time.monotonic() + timeout

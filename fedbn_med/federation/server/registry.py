@@ -65,6 +65,7 @@ class SiteRegistry:
         self.query_attempts: dict[int, int] = {}
         self.waiting: dict[int, str] = {}  # refused because their site is served: node -> site
         self.silent: set[int] = set()  # nodes that did not answer the last round they were sent
+        self.counts: dict[str, int] = {}  # site -> the training examples it says it has
 
     # -- what the rounds ask -------------------------------------------------------------
     def names(self) -> list[str]:
@@ -218,6 +219,7 @@ class SiteRegistry:
                 # weights with its first round and trains its own BN layers from there.
                 logger.info("Site %s joins the federation", info.site)
             self._assign(node, info.site)
+            self.counts[info.site] = info.num_train
             logger.info("Site %s is node %s (resumed round %s)", info.site, node,
                         info.resumed_round)
             joined = Rejoined if rejoin else Joined

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flwr.app import Message, MessageType
+from flwr.app import Message, MessageType, RecordDict
 
 from fedbn_med.checkpoint import write_text_atomic
 from fedbn_med.federation._flwr_replies import reply_bounds
@@ -39,6 +39,7 @@ from fedbn_med.federation.server.checks import (
 )
 from fedbn_med.federation.server.recorder import Fits, RunRecorder
 from fedbn_med.federation.server.registry import SiteRegistry
+from fedbn_med.federation.server.secagg import SecAggRound
 from fedbn_med.fl.partition import partition_model
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls, zero_controls
@@ -86,6 +87,12 @@ class FederationServer:
                 f"Strategy '{self.strategy.name}' reads every site's data in one place; it "
                 "is not federated and runs in-process (pipelines/abide_fedbn.py does that)."
             )
+        # under SecAgg+, the sites' updates reach the server only summed (.secagg)
+        self.secagg = settings.secagg and self.strategy.exchanges  # else nothing is summed
+        if self.secagg and self.strategy.controls:
+            raise ValueError(
+                f"Strategy '{self.strategy.name}' cannot run under SecAgg: SecAgg sums the "
+                "exchanged weights only, and this strategy sends control variates too.")
         self.task = get_task(config.task)
         self.scores = score_names(self.task.score_metrics)  # the only scores a site may send
         # Sites are strangers to each other in hospital mode: no claim outweighs the rest.
@@ -121,8 +128,16 @@ class FederationServer:
         # a few numbers: twice the payload and 1 MiB more is generous. The public port
         # (fleet_gate) refuses any larger request body before the SuperLink stores it, and
         # the grid any reply larger in all, or of more objects, before reading it all.
+        integers = sorted(k for k, t in self.global_weights.items()
+                          if not t.dtype.is_floating_point)
+        if self.secagg and integers:
+            raise ValueError(f"SecAgg averages floating-point tensors only; strategy "
+                             f"'{self.strategy.name}' exchanges {integers[:3]} (keep "
+                             "normalisation layers local: FedBN).")
+        # under SecAgg the masked vector holds 8-byte integers
         max_bytes, max_objects = reply_bounds(
-            t.numel() * t.element_size() for t in self.global_weights.values())
+            t.numel() * (8 if self.secagg else t.element_size())
+            for t in self.global_weights.values())
         self.grid.max_reply_bytes, self.grid.max_reply_objects = max_bytes, max_objects
         write_text_atomic(self.settings.workdir / "server" / "max_body", str(max_bytes))
 
@@ -144,14 +159,18 @@ class FederationServer:
         return resumed.parent_run_id
 
     # -- rounds --------------------------------------------------------------------------
+    def _content(self, rnd: int, evaluate_first: bool, **extra: float) -> RecordDict:
+        # selected-round: the best round scored so far, whose private layers each site
+        # keeps (the selected model is that round's shared weights with them)
+        return pack(join_controls(self.global_weights, self.control), config={
+            "round": rnd, "local-epochs": self.config.local_epochs,
+            "evaluate-first": evaluate_first, "selected-round": self.recorder.running.best,
+            **extra})
+
     def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
                   ) -> list[Message]:
         # Every site gets the same content: packed once, stored once by the SuperLink.
-        # selected-round: the best round scored so far, whose private layers each site
-        # keeps (the selected model is that round's shared weights with them)
-        content = pack(join_controls(self.global_weights, self.control), config={
-            "round": rnd, "local-epochs": self.config.local_epochs,
-            "evaluate-first": evaluate_first, "selected-round": self.recorder.running.best})
+        content = self._content(rnd, evaluate_first)
         return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
                 for n in nodes]
 
@@ -190,17 +209,25 @@ class FederationServer:
         started = time.monotonic()
         plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
         scored = self.global_weights  # round rnd - 1's aggregate: what the sites score now
-        replies = self.grid.send(self._messages(nodes, MessageType.TRAIN, rnd,
-                                                plan.evaluate_first),
-                                 timeout=self.settings.round_timeout)
-        self.registry.heard(nodes, {r.metadata.src_node_id for r in replies})
+        if self.secagg:
+            secure = SecAggRound(self, rnd, nodes, plan.evaluate_first)
+            replies, answered = secure.summed.replies, secure.summed.answered
+        else:
+            replies = self.grid.send(self._messages(nodes, MessageType.TRAIN, rnd,
+                                                    plan.evaluate_first),
+                                     timeout=self.settings.round_timeout)
+            answered = {r.metadata.src_node_id for r in replies}
+        self.registry.heard(nodes, answered)
         got = self._read_replies(rnd, nodes, replies)
-        outcome = close_round(self.strategy, self.global_weights, got.updates,
-                              self.partition.all - self.exchanged, control=self.control,
-                              n_sites=max(len(self.config.sites), len(nodes)),
-                              weighting=self.config.weighting, max_share=self.max_share,
-                              norm_reference=self.norm_reference,
-                              registered=self.settings.registered_counts)
+        if self.secagg:
+            outcome = secure.outcome(got.fits)
+        else:
+            outcome = close_round(self.strategy, self.global_weights, got.updates,
+                                  self.partition.all - self.exchanged, control=self.control,
+                                  n_sites=max(len(self.config.sites), len(nodes)),
+                                  weighting=self.config.weighting, max_share=self.max_share,
+                                  norm_reference=self.norm_reference,
+                                  registered=self.settings.registered_counts)
         for site, reason in outcome.refused.items():
             self._refuse(rnd, site, reason, got)
         self.global_weights = outcome.global_weights

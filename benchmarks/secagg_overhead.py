@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""What SecAgg+ costs per round: FedBN over Flower, plain and under secure aggregation.
+
+Runs the 4-site ABIDE FedBN federation on 127.0.0.1 twice with the same spec, once plain
+and once with ``--secagg`` (Flower's SecAgg+ workflow and mod: four exchanges per round
+instead of one, masks and their shares), and prints the seconds per round of each and
+their ratio (target: SecAgg at most 2x plain FedBN on 4 sites).
+
+    python benchmarks/secagg_overhead.py            # 20 rounds each
+    python benchmarks/secagg_overhead.py --quick    # 3 rounds each
+    python benchmarks/secagg_overhead.py --local-epochs 8 --rounds 5
+
+A round is timed as the federation overhead benchmark does: from the start of round 1 to
+the last round's scores, over the rounds; the median of the server's own per-round times
+(its ``trained`` events, round 1 left out: the sites warm up) is printed next to it.
+"""
+
+from __future__ import annotations
+
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from fedbn_med.federation.run import FlowerOptions, run_flower
+from fedbn_med.spec import RunSpec
+from fedbn_med.tasks import get_task
+
+
+def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
+    """Run ``spec`` over Flower; return its seconds per round (two measures)."""
+    options = FlowerOptions.local(workdir, f"sqlite:///{workdir / 'mlflow.db'}",
+                                  progress=False, secagg=secagg)
+    (result,) = run_flower([spec], options)
+    if "error" in result:
+        raise RuntimeError(f"The {'SecAgg' if secagg else 'plain'} run failed: "
+                           f"{result['error']}")
+    run_dir = next(workdir.glob("run-0-*"))
+    events = [json.loads(x) for x in (run_dir / "progress.jsonl").read_text().splitlines()]
+    trained = [e for e in events if e["event"] == "trained"]
+    start = trained[0]["t"] - trained[0]["seconds"]
+    last = [e["t"] for e in events if e["event"] == "round"][-1]
+    later = [e["seconds"] for e in trained[1:]] or [trained[0]["seconds"]]
+    return {"rounds": (last - start) / spec.rounds, "median": statistics.median(later)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure both runs and print the table; ``argv`` as on the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds each")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds each (default 20)")
+    parser.add_argument("--local-epochs", type=int, default=1,
+                        help="local epochs per round (default 1): more compute per round, "
+                             "the same SecAgg+ exchanges")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 20)
+    spec = RunSpec(strategy="fedbn", rounds=rounds, device="cpu",
+                   local_epochs=args.local_epochs)
+    get_task("abide").prepare(spec)
+    with tempfile.TemporaryDirectory(prefix="fedbn-secagg-") as tmp:
+        plain = per_round(spec, Path(tmp) / "plain", secagg=False)
+        secure = per_round(spec, Path(tmp) / "secagg", secagg=True)
+    print(f"\nFedBN over Flower on 127.0.0.1, {len(spec.sites)} sites "
+          f"({', '.join(spec.sites)}), {rounds} rounds of {spec.local_epochs} local "
+          "epoch(s) each\n")
+    print("| run | s/round (rounds phase) | median s/round (server, rounds 2+) |")
+    print("|---|---|---|")
+    for label, row in (("plain FedBN", plain), ("SecAgg+ FedBN", secure)):
+        print(f"| {label} | {row['rounds']:.3f} | {row['median']:.3f} |")
+    ratio = secure["rounds"] / plain["rounds"]
+    median = secure["median"] / plain["median"]
+    print(f"\nSecAgg+ / plain: {ratio:.2f}x per round (median {median:.2f}x);"
+          " target at most 2x on 4 sites")
+
+
+if __name__ == "__main__":
+    main()
