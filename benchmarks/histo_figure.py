@@ -19,6 +19,9 @@ tile's Dice.
 
 from __future__ import annotations
 
+import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric code path before numpy loads)
+
+# isort: split
 import argparse
 import sys
 from pathlib import Path
