@@ -10,9 +10,13 @@ benchmarks, onboarding and the evaluation runner all go through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["Federation", "History", "build_federation", "run_in_process", "run_spec"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -157,48 +163,85 @@ def run_in_process(
     control = (zero_controls(global_weights, first.control.keys)
                if first.control is not None else {})
     norm_reference = 0.0  # the outlier rule's memory of earlier rounds (close_round)
-    for rnd in range(1, rounds + 1):
-        plan = plan_round(rnd, local_epochs=local_epochs)
-        round_metrics: dict[str, dict[str, float]] = {}
-        if strategy.pooled:
-            assert pooled is not None
-            global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
-            for site, trainer in trainers.items():
-                round_metrics[site] = {"num_examples": trainer.data.num_train,
-                                       "train_loss": bounded_fit(fit)["train_loss"]}
-        else:
-            replies = []
-            for site, trainer in trainers.items():
-                weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
-                                              *((control,) if control else ()))
-                replies.append(Reply(site, weights, n, fit, trainer.control_delta))
-                round_metrics[site] = {"num_examples": n, **bounded_fit(fit)}
-            outcome = close_round(strategy, global_weights, replies, private, control=control,
-                                  n_sites=len(trainers), weighting=weighting,
-                                  norm_reference=norm_reference)
-            control, norm_reference = outcome.control, outcome.norm_reference
-            for site, reason in outcome.refused.items():
-                logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
-            global_weights = outcome.global_weights
-        if evaluate:
-            for site, trainer in trainers.items():
+    with _scoring(trainers) as scoring:
+        for rnd in range(1, rounds + 1):
+            plan = plan_round(rnd, local_epochs=local_epochs)
+            round_metrics: dict[str, dict[str, float]] = {}
+            if strategy.pooled:
+                assert pooled is not None
+                global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
+                for site, trainer in trainers.items():
+                    round_metrics[site] = {"num_examples": trainer.data.num_train,
+                                           "train_loss": bounded_fit(fit)["train_loss"]}
+            else:
+                replies = []
+                for site, trainer in trainers.items():
+                    weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
+                                                  *((control,) if control else ()))
+                    replies.append(Reply(site, weights, n, fit, trainer.control_delta))
+                    round_metrics[site] = {"num_examples": n, **bounded_fit(fit)}
+                outcome = close_round(strategy, global_weights, replies, private, control=control,
+                                      n_sites=len(trainers), weighting=weighting,
+                                      norm_reference=norm_reference)
+                control, norm_reference = outcome.control, outcome.norm_reference
+                for site, reason in outcome.refused.items():
+                    logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+                global_weights = outcome.global_weights
+            if evaluate:
                 # the figures as a site sends them over Flower: the same numbers on both
-                round_metrics[site].update(bounded(trainer.score(global_weights)))
-        for site in trainers:
-            history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
-        if evaluate and global_weights and running.take(rnd, round_metrics.values()):
-            # the best round so far: its shared weights are the selected model's, for now
-            history.selected_weights = {k: v.detach().clone() for k, v in global_weights.items()}
-            history.selected_round = rnd
-            history.selected_kept = {site: _kept_copy(t) for site, t in trainers.items()}
-        if on_round is not None:
-            on_round(rnd, round_metrics)
-        logger.debug("round %d done: %s", rnd, round_metrics)
+                for site, scores in zip(trainers, scoring.map(
+                        _scores, trainers.values(), repeat(global_weights))):
+                    round_metrics[site].update(scores)
+            for site in trainers:
+                history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
+            if evaluate and global_weights and running.take(rnd, round_metrics.values()):
+                # the best round so far: its shared weights are the selected model's, for now
+                history.selected_weights = {k: v.detach().clone()
+                                            for k, v in global_weights.items()}
+                history.selected_round = rnd
+                history.selected_kept = {site: _kept_copy(t) for site, t in trainers.items()}
+            if on_round is not None:
+                on_round(rnd, round_metrics)
+            logger.debug("round %d done: %s", rnd, round_metrics)
     history.global_weights = global_weights
     if history.selected_round and history.selected_round != history.best_round():
         history.selected_weights, history.selected_round = {}, 0  # best_round fell back
         history.selected_kept = {}
     return history
+
+
+def _scores(trainer: SiteTrainer, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Return a site's scores of ``weights`` as it sends them (:func:`bounded`)."""
+    return bounded(trainer.score(weights))
+
+
+class _Serial:
+    """Score the sites one after the other, in this thread."""
+
+    def map(self, fn: Callable[..., T], *items: Iterable[Any]) -> Iterator[T]:
+        return map(fn, *items)
+
+
+@contextmanager
+def _scoring(trainers: Mapping[str, SiteTrainer]) -> Iterator[Executor | _Serial]:
+    """Yield what scores the sites after a round: threads, one per free core, or this one.
+
+    Scoring has no randomness and each site scores its own model, so the sites can score
+    at once: every site computes with its own thread count as before, and its scores
+    are the same to the bit. Threads only when each site computes with one thread on
+    the CPU and its model is its own (the training stays in this thread: dropout draws
+    from torch's one global generator).
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    models = {id(t.model) for t in trainers.values()}
+    workers = min(cores, len(trainers))
+    if workers < 2 or len(models) < len(trainers) or any(
+            t.threads != 1 or t.device.type != "cpu" for t in trainers.values()):
+        yield _Serial()
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="fedbn-score") as pool:
+        yield pool
 
 
 def _kept_copy(trainer: SiteTrainer) -> dict[str, torch.Tensor]:

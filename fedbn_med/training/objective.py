@@ -228,7 +228,9 @@ class BinaryClassification(Objective):
                 idx = order[start:stop]
                 if idx.numel() < 2:  # batch norm cannot train on a single example
                     continue
-                yield x[idx], y[idx]
+                # index_select copies the same rows as x[idx], without advanced
+                # indexing's overhead (a sixth of a step's time on the ABIDE MLP)
+                yield x.index_select(0, idx), y.index_select(0, idx)
 
     def bn_inputs(self, data: Any, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
         """Yield the training inputs in training-sized batches, in split order."""
