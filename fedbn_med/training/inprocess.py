@@ -25,6 +25,7 @@ from fedbn_med.fl.release import bounded, bounded_fit
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import zero_controls
 from fedbn_med.fl.strategies import Strategy
+from fedbn_med.training.rng import dropout_only
 from fedbn_med.training.trainer import SiteTrainer
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ def run_in_process(
     control = (zero_controls(global_weights, first.control.keys)
                if first.control is not None else {})
     norm_reference = 0.0  # the outlier rule's memory of earlier rounds (close_round)
-    with _scoring(trainers) as scoring:
+    with _site_workers(trainers) as (training, scoring):
         for rnd in range(1, rounds + 1):
             plan = plan_round(rnd, local_epochs=local_epochs)
             round_metrics: dict[str, dict[str, float]] = {}
@@ -174,12 +175,11 @@ def run_in_process(
                     round_metrics[site] = {"num_examples": trainer.data.num_train,
                                            "train_loss": bounded_fit(fit)["train_loss"]}
             else:
-                replies = []
-                for site, trainer in trainers.items():
-                    weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
-                                                  *((control,) if control else ()))
-                    replies.append(Reply(site, weights, n, fit, trainer.control_delta))
-                    round_metrics[site] = {"num_examples": n, **bounded_fit(fit)}
+                replies = list(training.map(_fit, trainers.items(), repeat(global_weights),
+                                            repeat(plan.trainer_config()), repeat(control)))
+                for reply in replies:
+                    round_metrics[reply.site] = {"num_examples": reply.num_examples,
+                                                 **bounded_fit(reply.metrics)}
                 outcome = close_round(strategy, global_weights, replies, private, control=control,
                                       n_sites=len(trainers), weighting=weighting,
                                       norm_reference=norm_reference)
@@ -210,38 +210,53 @@ def run_in_process(
     return history
 
 
+def _fit(item: tuple[str, SiteTrainer], weights: Mapping[str, torch.Tensor],
+         config: dict[str, Any], control: Mapping[str, torch.Tensor]) -> Reply:
+    """Return a site's reply to a round: its local training from ``weights``."""
+    site, trainer = item
+    trainer.pin_threads()  # a thread's own: torch and MKL keep a count per thread
+    shared, n, fit = trainer.fit(weights, dict(config), *((control,) if control else ()))
+    return Reply(site, shared, n, fit, trainer.control_delta)
+
+
 def _scores(trainer: SiteTrainer, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """Return a site's scores of ``weights`` as it sends them (:func:`bounded`)."""
+    trainer.pin_threads()
     return bounded(trainer.score(weights))
 
 
 class _Serial:
-    """Score the sites one after the other, in this thread."""
+    """Run a site's round operation for one site after the other, in this thread."""
 
     def map(self, fn: Callable[..., T], *items: Iterable[Any]) -> Iterator[T]:
         return map(fn, *items)
 
 
 @contextmanager
-def _scoring(trainers: Mapping[str, SiteTrainer]) -> Iterator[Executor | _Serial]:
-    """Yield what scores the sites after a round: threads, one per free core, or this one.
+def _site_workers(trainers: Mapping[str, SiteTrainer]
+                  ) -> Iterator[tuple[Executor | _Serial, Executor | _Serial]]:
+    """Yield what trains the sites in a round and what scores them: threads, or this one.
 
-    Scoring has no randomness and each site scores its own model, so the sites can score
-    at once: every site computes with its own thread count as before, and its scores
-    are the same to the bit. Threads only when each site computes with one thread on
-    the CPU and its model is its own (the training stays in this thread: dropout draws
-    from torch's one global generator).
+    The sites' round operations are independent: each site loads the same global weights
+    into its own model, trains on its own data with its own optimiser and scores its
+    own splits, and computes with its own thread count as before. So they can run at
+    once, one thread per free core, and give the same numbers to the bit. Threads when
+    each site computes with one thread on the CPU and its model is its own; scoring
+    draws nothing at random, and training runs at once only where dropout is all a site
+    draws (:func:`fedbn_med.training.rng.dropout_only`: then from a generator of its
+    own) and no round hook (DP noise, proximal term, control variates) takes part.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
-    models = {id(t.model) for t in trainers.values()}
-    workers = min(cores, len(trainers))
-    if workers < 2 or len(models) < len(trainers) or any(
-            t.threads != 1 or t.device.type != "cpu" for t in trainers.values()):
-        yield _Serial()
+    sites = list(trainers.values())
+    workers = min(cores, len(sites))
+    if workers < 2 or len({id(t.model) for t in sites}) < len(sites) or any(
+            t.threads != 1 or t.device.type != "cpu" for t in sites):
+        yield _Serial(), _Serial()
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="fedbn-score") as pool:
-        yield pool
+    with ThreadPoolExecutor(workers, thread_name_prefix="fedbn-site") as pool:
+        at_once = all(not t.hooks and not t.amp and dropout_only(t.model) for t in sites)
+        yield (pool if at_once else _Serial()), pool
 
 
 def _kept_copy(trainer: SiteTrainer) -> dict[str, torch.Tensor]:
