@@ -10,6 +10,7 @@ benchmarks, onboarding and the evaluation runner all go through it.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -245,9 +246,13 @@ def _site_workers(trainers: Mapping[str, SiteTrainer]
     draws nothing at random, and training runs at once only where dropout is all a site
     draws (:func:`fedbn_med.training.rng.dropout_only`: then from a generator of its
     own) and no round hook (DP noise, proximal term, control variates) takes part.
+    A worker process (:mod:`multiprocessing`: a comparison's cells, a benchmark's sweep)
+    shares the cores with its siblings, one each: its sites run one after the other.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
+    if multiprocessing.parent_process() is not None:
+        cores = 1
     sites = list(trainers.values())
     workers = min(cores, len(sites))
     if workers < 2 or len({id(t.model) for t in sites}) < len(sites) or any(
