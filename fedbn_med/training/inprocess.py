@@ -1,7 +1,9 @@
-"""Run a whole federation in one process, site after site.
+"""Run a whole federation in one process, its sites on threads where they can be.
 
 This is the reference implementation of a federated run: tests use it, benchmarks sweep
-with it, and the Flower engine must reproduce its per-site results. A run spec becomes
+with it, and the Flower engine must reproduce its per-site results. The sites train and
+score one after the other, or at once on the free cores when that gives the same numbers
+to the bit (:func:`_site_workers`). A run spec becomes
 site trainers in one place, :func:`build_federation`, whose :meth:`Federation.run` hands
 the spec's round settings to :func:`run_in_process`; ``--engine inprocess``, the
 benchmarks, onboarding and the evaluation runner all go through it.
