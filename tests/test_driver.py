@@ -175,6 +175,16 @@ def test_bad_arguments():
         SiteTrainer("A", AbideMLP(12), data, FedBN(), device="cpu")
 
 
+def test_the_data_check_finds_an_infinity_and_passes_finite_values_whose_sum_overflows():
+    data = _site_data(0, 1, 0)
+    data.val[0][1, 2] = float("-inf")
+    with pytest.raises(ValueError, match="'A' val data contains NaN or Inf"):
+        SiteTrainer("A", AbideMLP(12), data, FedBN(), device="cpu")
+    large = _site_data(0, 1, 0)
+    large.train[0][:, 0] = 3e38  # each finite; their sum is not
+    SiteTrainer("A", AbideMLP(12), large, FedBN(), device="cpu")
+
+
 def test_history_selects_the_round_of_lowest_mean_validation_loss():
     from fedbn_med.evaluation.comparison import best_round
 

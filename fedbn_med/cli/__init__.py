@@ -126,14 +126,15 @@ def _workdir(args: argparse.Namespace) -> Path:
 def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
              workdir: Path) -> list[dict]:
     from fedbn_med.evaluation.cell_data import has_cells
-    from fedbn_med.federation.run import FlowerOptions, run_flower
     from fedbn_med.training.tracked_run import run_tracked
 
     local = [s for s in specs
              if s.strategy_obj().reads_every_site or args.engine == "inprocess"]
     federated = [s for s in specs if s not in local]
     by_spec: dict[int, dict] = {}
-    if federated:
+    if federated:  # Flower loads only here: a second's import an in-process run skips
+        from fedbn_med.federation.run import FlowerOptions, run_flower
+
         options = FlowerOptions.local(workdir, tracking_uri, progress=not args.quiet,
                                       **server_options(args))
         for spec, result in zip(federated, run_flower(federated, options)):

