@@ -468,3 +468,13 @@ def test_real_table_read_through_nilearn(real_table_dir: Path,
     site = load_site_features(real_table_dir, "UCLA_2")
     assert site.n_subjects == 21 and int(site.labels.sum()) == 11
     assert site.file_ids[0] == "UCLA_2_0051291"
+
+
+def test_an_unwritable_cache_folder_costs_only_the_cache(ucla_dir: Path, caplog) -> None:
+    (ucla_dir / "cache").write_text("not a folder")  # where the feature cache would go
+    with caplog.at_level("WARNING"):
+        site = load_site_features(ucla_dir, "UCLA_1")
+    assert "Not caching" in caplog.text and str(ucla_dir / "cache") in caplog.text
+    fresh = load_site_features(ucla_dir, "UCLA_1", use_cache=False)
+    np.testing.assert_array_equal(site.features, fresh.features)
+    assert (ucla_dir / "cache").read_text() == "not a folder"  # nothing of the user's lost

@@ -70,8 +70,7 @@ def _cache_path(root: Path, site: str, selected: pd.DataFrame,
 
 
 def _save_cache(path: Path, result: SiteFeatures, skipped: Sequence[tuple[str, str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    arrays = {
+    save_arrays(path, {
         "site": np.array(result.site),
         "features": result.features,
         "labels": result.labels,
@@ -81,16 +80,7 @@ def _save_cache(path: Path, result: SiteFeatures, skipped: Sequence[tuple[str, s
         "mean_fd": result.mean_fd,
         "roi_labels": np.asarray(result.roi_labels, dtype=str),
         "skipped": np.asarray(skipped, dtype=str).reshape(-1, 2),
-    }
-    # Write beside the target, then rename: a reader never sees a half-written cache.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)  # type: ignore[arg-type]  # numpy's stub: allow_pickle
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    })
 
 
 def _load_cache(path: Path) -> tuple[SiteFeatures, list[tuple[str, str]]]:
@@ -121,7 +111,10 @@ def window_cache_path(root: Path, site: str, selected: pd.DataFrame,
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` to ``path`` (``.npz``) atomically; an unwritable cache is skipped."""
+    """Write ``arrays`` to ``path`` (``.npz``) atomically; an unwritable cache is skipped.
+
+    Written beside the target, then renamed: a reader never sees a half-written cache.
+    """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
