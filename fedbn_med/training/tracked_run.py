@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
+from fedbn_med.background import SerialWorker
 from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -162,44 +162,43 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
 
 
 class _Record:
-    """A run's MLflow runs, opened and written on a thread of their own, in order.
+    """A run's MLflow runs, opened and written in order on a thread of their own.
 
-    ``opener`` returns the runs' context (:func:`fedbn_med.tracking.tracked`); it is
-    entered on the thread. :meth:`submit` queues a call on the open tracker and raises
-    the first error a call met; :meth:`tracker` waits for every call; :meth:`close` ends
-    the runs as :func:`~fedbn_med.tracking.tracked` does, FAILED when given an error.
+    ``opener`` returns the runs' context (:func:`fedbn_med.tracking.tracked`), entered on
+    the thread (:class:`fedbn_med.background.SerialWorker`). :meth:`submit` queues a call
+    on the open tracker; :meth:`tracker` waits for every call and raises what one met;
+    :meth:`close` ends the runs as :func:`~fedbn_med.tracking.tracked` does, FAILED when
+    given an error.
     """
 
     def __init__(self, opener: Callable[[], AbstractContextManager[FederationTracker]]
                  ) -> None:
         self._runs = ExitStack()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fedbn-tracking")
-        self._opened = self._pool.submit(lambda: self._runs.enter_context(opener()))
-        self._calls: list[Future[object]] = [cast("Future[object]", self._opened)]
+        self._worker = SerialWorker("fedbn-tracking")
+        self._open: list[FederationTracker] = []
+        self._worker.submit(lambda: self._open.append(self._runs.enter_context(opener())))
 
     def submit(self, fn: Callable[..., object], *args: object) -> None:
         """Queue ``fn(tracker, *args)``; raise now if an earlier call failed."""
-        self._raise(wait=False)
-        self._calls.append(self._pool.submit(
-            lambda: fn(self._opened.result(), *args)))
+        self._worker.submit(lambda: fn(self._open[0], *args))
 
     def tracker(self) -> FederationTracker:
         """Wait for every queued call; return the open tracker (raise what a call met)."""
-        self._raise(wait=True)
-        return self._opened.result()
-
-    def _raise(self, wait: bool) -> None:
-        for call in self._calls:
-            if wait or call.done():
-                call.result()
+        self._worker.flush()
+        return self._open[0]
 
     def close(self, error: BaseException | None = None) -> None:
-        """Wait for the calls, stop the thread and end the runs (FAILED on ``error``)."""
-        self._pool.shutdown(wait=True)
-        if error is None:
-            self._runs.close()
-        else:
-            self._runs.__exit__(type(error), error, error.__traceback__)
+        """Run what is queued, stop the thread and end the runs (FAILED on ``error``)."""
+        try:
+            self._worker.close()
+        except Exception:
+            if error is None:
+                raise  # else the run's own error is the one to report
+        finally:
+            if error is None:
+                self._runs.close()
+            else:
+                self._runs.__exit__(type(error), error, error.__traceback__)
 
 
 def _save_kept(history: History, workdir: Path, run_id: str | None) -> list[Path]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from fedbn_med.background import SerialWorker
 from fedbn_med.checkpoint import load_tensors, save_tensors, write_text_atomic
 from fedbn_med.evaluation.report import convergence_plot, metrics_at, run_result
 from fedbn_med.evaluation.selection import Rule, RunningBest, select_round
@@ -28,7 +29,6 @@ from fedbn_med.federation.events import (
     TrackingWarm,
     append_event,
 )
-from fedbn_med.federation.server.background import SerialWorker
 
 if TYPE_CHECKING:
     import torch

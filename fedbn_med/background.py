@@ -12,9 +12,11 @@ __all__ = ["SerialWorker"]
 class SerialWorker:
     """Run calls one after another on a thread of their own, in the order given.
 
-    The server hands its per-round MLflow logging to one of these, so a round never waits
-    for the store. :meth:`flush` waits for everything handed over and raises the first
-    error a call met (so a store that fails still fails the run, only later).
+    The server (:mod:`fedbn_med.federation.server.recorder`) and an in-process run
+    (:mod:`fedbn_med.training.tracked_run`) hand their MLflow logging to one of these, so
+    a round never waits for the store. :meth:`flush` waits for everything handed over
+    and raises the first error a call met (so a store that fails still fails the run,
+    only later).
     """
 
     def __init__(self, name: str = "fedbn-tracking") -> None:
