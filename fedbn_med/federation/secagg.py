@@ -23,7 +23,6 @@ silently), and the update's norm within the bound the server states.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping
 
 import numpy as np
@@ -41,6 +40,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import (
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedbn_med.federation.config import NodeSettings
+from fedbn_med.fl.reply_checks import check_reply, update_norm
 
 __all__ = ["MAX_NORM", "SCALE", "check_outgoing", "clipping_range", "is_secagg", "masked_reply",
            "secagg_gate", "vector_keys"]
@@ -109,29 +109,17 @@ def check_outgoing(site: str, sent: Mapping[str, torch.Tensor],
         Naming the first check it fails: keys, private keys, dtype, shape, finiteness,
         the quantisation range, the update norm.
     """
-    why = None
-    leaked = sorted(set(sent) & set(private))
-    if leaked:
-        why = f"it holds private keys {leaked[:3]}"
-    elif set(sent) != set(received):
-        why = (f"its keys differ from the model's ({sorted(set(sent) ^ set(received))[:3]})")
-    else:
-        for key in vector_keys(sent):
-            value, ref = sent[key], received[key]
-            if not value.dtype.is_floating_point:
-                why = f"{key} is {value.dtype}, not floating point"
-            elif tuple(value.shape) != tuple(ref.shape):
-                why = f"{key} has shape {tuple(value.shape)}, not {tuple(ref.shape)}"
-            elif not bool(torch.isfinite(value).all()):
-                why = f"{key} holds NaN or Inf"
-            elif value.numel() and float(value.abs().max()) > clip:
-                why = (f"{key} holds values beyond the quantisation range +-{clip:g} (they "
-                       "would be clipped)")
-            if why is not None:
-                break
+    # Only floating-point tensors can be quantised; then what the server checks of any
+    # reply (fl.reply_checks), then what quantisation and the sum's norm bound need.
+    why = next((f"{key} is {value.dtype}, not floating point" for key, value in sent.items()
+                if not value.dtype.is_floating_point), None)
+    why = why or check_reply(sent, received, private)
     if why is None:
-        norm = math.sqrt(sum(float((sent[k].double() - received[k].double()).pow(2).sum())
-                             for k in sent))
+        why = next((f"{key} holds values beyond the quantisation range +-{clip:g} (they "
+                    "would be clipped)" for key, value in sent.items()
+                    if value.numel() and float(value.abs().max()) > clip), None)
+    if why is None:
+        norm = update_norm(sent, received)
         if not norm <= max_norm:
             why = f"its update norm {norm:.4g} exceeds the bound {max_norm:g}"
     if why is not None:
