@@ -23,7 +23,6 @@ A site that drops out during the round is left out of the sum: with at least
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import (
 )
 
 from fedbn_med.federation.secagg import MAX_NORM, MIN_SITES, SCALE, vector_keys
+from fedbn_med.fl.reply_checks import update_norm
 from fedbn_med.fl.rounds import RoundOutcome
 
 if TYPE_CHECKING:
@@ -208,8 +208,7 @@ def sum_reason(mean: list[np.ndarray], contributors: int, reference: Mapping[str
     largest = max((float(v.abs().max()) for v in average.values() if v.numel()), default=0.0)
     if largest > clip * (1 + 1e-6):
         return None, f"its average holds a value {largest:.4g} beyond +-{clip:g}"
-    norm = math.sqrt(sum(float((average[k].double() - reference[k].double()).pow(2).sum())
-                         for k in keys))
+    norm = update_norm(average, reference)
     if not norm <= max_norm:
         return None, f"its average update norm {norm:.4g} exceeds the bound {max_norm:g}"
     return average, ""
