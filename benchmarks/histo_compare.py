@@ -43,23 +43,33 @@ FIELDS = ("rule", "method", "seed", "fold", "site", "selected_round", "test_dice
           "val_loss", "seconds")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_data_options(p: argparse.ArgumentParser, methods: str) -> None:
+    """Add the options saying which tiles, sites and methods (here and histo_figure.py)."""
     p.add_argument("--data-dir", type=Path, default=None,
                    help="MoNuSeg folder or datalist (default: generated tiles)")
     p.add_argument("--rule", default="hospital", choices=("hospital", "organ", "datalist"))
     p.add_argument("--sites", default="", help="comma-separated sites (default: the rule's)")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=methods)
+
+
+def add_model_options(p: argparse.ArgumentParser, eval_crop: int) -> None:
+    """Add the patch, scoring and network options (here and histo_figure.py)."""
+    p.add_argument("--patch", type=int, default=64)
+    p.add_argument("--patches", type=int, default=8, help="patches per tile per epoch")
+    p.add_argument("--eval-crop", type=int, default=eval_crop)
+    p.add_argument("--channels", default="16,32,64")
+    p.add_argument("--batch-size", type=int, default=8)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_options(p, ",".join(METHODS))
     p.add_argument("--seeds", type=int, default=2, help="repetitions, each re-drawing splits")
     p.add_argument("--folds", default="0", help="comma-separated test folds")
     p.add_argument("--n-folds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--local-epochs", type=int, default=1)
-    p.add_argument("--patch", type=int, default=64)
-    p.add_argument("--patches", type=int, default=8, help="patches per tile per epoch")
-    p.add_argument("--eval-crop", type=int, default=0)
-    p.add_argument("--channels", default="16,32,64")
-    p.add_argument("--batch-size", type=int, default=8)
+    add_model_options(p, eval_crop=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--keep-runs", type=Path, default=None, metavar="DIR",

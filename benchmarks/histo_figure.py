@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from histo_compare import add_data_options, add_model_options
 from PIL import Image, ImageDraw
 
 import fedbn_med as fb
@@ -43,20 +44,12 @@ PAD, HEADER = 4, 18
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="MoNuSeg folder or datalist (default: generated tiles)")
-    p.add_argument("--rule", default="hospital", choices=("hospital", "organ", "datalist"))
-    p.add_argument("--sites", default="", help="comma-separated sites (default: the rule's)")
-    p.add_argument("--methods", default="fedbn,fedavg,silobn")
+    add_data_options(p, "fedbn,fedavg,silobn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fold", type=int, default=0)
     p.add_argument("--n-folds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--patch", type=int, default=64)
-    p.add_argument("--patches", type=int, default=8, help="patches per tile per epoch")
-    p.add_argument("--eval-crop", type=int, default=512)
-    p.add_argument("--channels", default="16,32,64")
-    p.add_argument("--batch-size", type=int, default=8)
+    add_model_options(p, eval_crop=512)
     p.add_argument("--show", type=int, default=192, help="edge of the crop drawn, in pixels")
     p.add_argument("--runs", type=Path, required=True, help="the methods' run folders")
     p.add_argument("--out", type=Path, required=True, help="the PNG to write")
