@@ -44,6 +44,8 @@ class Pacer:
         self.pause = poll
         self.empty = 0
         self.empty_total = 0
+        #: whether the last sleep was the one through most of the expected wait
+        self.headed = False
 
     def start(self) -> None:
         """Start the wait now (the request was sent, the reply pushed)."""
@@ -51,11 +53,13 @@ class Pacer:
         self.first_ask = None
         self.pause = self.poll
         self.empty = 0
+        self.headed = False
 
     def sleep(self) -> None:
         """Nothing yet: sleep until the next ask is due."""
         now = time.monotonic()
-        if self.first_ask is None and self.since is not None and self.waits:
+        self.headed = self.first_ask is None and self.since is not None and bool(self.waits)
+        if self.headed:
             head = min(self.max_first, self.share * min(self.waits))
             self.first_ask = max(now, self.since + head)
             pause = self.first_ask - now
@@ -82,7 +86,12 @@ class Pacer:
         """
         if self.since is not None:
             at = time.monotonic() if asked_at is None else asked_at
-            self.waits = [*self.waits, at - self.since][-self.memory:]
+            wait = at - self.since
+            if self.headed and self.waits:
+                # found by the ask after the long sleep: it may have come long before, so
+                # aim earlier next time (a few early asks cost less than a late one)
+                wait *= self.share / 2
+            self.waits = [*self.waits, wait][-self.memory:]
         empty = self.empty
         self.start()
         self.since = None
