@@ -41,8 +41,9 @@ _BATCH = 1000  # MLflow takes at most 1000 metrics per batch
 ROUND_PREFIX = "by_round/"
 EXPERIMENT_KIND = "mlflow.experimentKind"  #: the tag of the view MLflow 3 opens an experiment on
 _TRAINING = "custom_model_development"  #: that tag's value for runs of model training
-#: the parent run's table of which sites took part in each round
-SITES_PER_ROUND = "sites_per_round.csv"
+SITES_PER_ROUND = "sites_per_round.csv"  #: which sites took part in each round
+#: the tables that also become the parent run's description, cut to MLflow's tag length
+_HEADLINES, _NOTE_MAX = ("results.md", "compare.md", "onboarding.md"), 7000
 
 
 def read_sites_per_round(tracking_uri: str, run_id: str) -> dict[int, list[str]]:
@@ -110,11 +111,8 @@ def _numerics() -> str:
 
 
 def _finite_metrics(metrics: Mapping[str, float], step: int, ts: int) -> list[Metric]:
-    out = []
-    for key, value in metrics.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append(Metric(key, float(value), ts, step))
-    return out
+    return [Metric(key, float(value), ts, step) for key, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
 class FederationTracker:
@@ -292,8 +290,12 @@ class FederationTracker:
                       SITES_PER_ROUND)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        """Store a text artifact (a results table) on the parent run."""
+        """Store a text artifact on the parent run; a headline table is its description too."""
         self.client.log_text(self.parent_id, text, artifact_file)
+        if artifact_file in _HEADLINES:  # MLflow shows a run's description first on its page
+            note = text if len(text) <= _NOTE_MAX else (
+                text[:_NOTE_MAX].rsplit("\n", 1)[0] + f"\n\n(The whole table: {artifact_file}.)")
+            self.client.set_tag(self.parent_id, "mlflow.note.content", note)
 
     def log_file(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Store a file (a plot) on the parent run."""
@@ -330,9 +332,7 @@ def end_status(error: BaseException | None) -> str:
     """
     if error is None:
         return "FINISHED"
-    if isinstance(error, (KeyboardInterrupt, SystemExit)):
-        return "KILLED"
-    return "FAILED"
+    return "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
 
 
 @contextmanager

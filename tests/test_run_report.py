@@ -204,6 +204,8 @@ def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path)
     assert open(text, encoding="utf-8").read() == out["table"] + "\n"
     parent = client.get_run(out["parent_run_id"])
     assert parent.data.metrics["selected_round"] == out["selected_round"]
+    # the run's page in MLflow opens on the table the console printed (its description)
+    assert parent.data.tags["mlflow.note.content"] == out["table"] + "\n"
     np.testing.assert_array_equal(sorted(out["selected"]), ["NYU", "UM"])
 
 

@@ -70,3 +70,22 @@ def test_resume_reuses_runs_and_late_site_gets_its_own_run(store):
     assert new_run.data.tags["first_round"] == "2"
     steps = [m.step for m in client.get_metric_history(first.site_runs["A"], "test_accuracy")]
     assert steps == [1, 2]
+
+
+def test_a_headline_table_is_the_parent_runs_description_cut_to_mlflows_tag_length(store):
+    tracker = FederationTracker("exp", "fedbn", {}, ["A"], tracking_uri=store)
+    tracker.log_text("| site |\n| A |\n", "results.md")
+    tracker.log_text("not a headline\n", "notes.txt")
+    long = "".join(f"| row {i} | {'x' * 60} |\n" for i in range(400))  # ~28 000 characters
+    other = FederationTracker("exp", "compare", {}, ["A"], tracking_uri=store)
+    other.log_text(long, "compare.md")
+    client = MlflowClient(tracking_uri=store)
+    assert client.get_run(tracker.parent_id).data.tags["mlflow.note.content"] == \
+        "| site |\n| A |\n"
+    note = client.get_run(other.parent_id).data.tags["mlflow.note.content"]
+    assert note.endswith("(The whole table: compare.md.)") and len(note) <= 8000
+    kept = note.split("\n\n(The whole")[0]
+    assert long.startswith(kept + "\n")  # cut at a line's end, never mid-row
+    tracker.finish()
+    other.finish()
+
