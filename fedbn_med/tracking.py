@@ -293,6 +293,8 @@ class FederationTracker:
         """Store a text artifact on the parent run; a headline table is its description too."""
         self.client.log_text(self.parent_id, text, artifact_file)
         if artifact_file in _HEADLINES:  # MLflow shows a run's description first on its page
+            tables, end, said = text.rpartition("|\n")  # what the tables say first, then them
+            text = f"{said.strip()}\n\n{tables}{end}" if tables and said.strip() else text
             note = text if len(text) <= _NOTE_MAX else (
                 text[:_NOTE_MAX].rsplit("\n", 1)[0] + f"\n\n(The whole table: {artifact_file}.)")
             self.client.set_tag(self.parent_id, "mlflow.note.content", note)
@@ -384,14 +386,12 @@ def _title(label: str, sites: Sequence[str], params: Mapping[str, object]) -> st
 
 
 def _mean_metrics(site_metrics: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    keys = ("test_accuracy", "test_balanced_accuracy", "test_auc", "test_f1", "test_dice",
-            "val_loss", "train_loss")
     out = {}
-    for key in keys:
+    for key in ("test_accuracy", "test_balanced_accuracy", "test_auc", "test_f1", "test_dice",
+                "val_loss", "train_loss"):
         vals = [float(m[key]) for m in site_metrics.values()
                 if key in m and not math.isnan(float(m[key]))]
-        if vals:
-            out[f"mean_{key}"] = round(sum(vals) / len(vals), 6)  # no float noise shown
+        out.update({f"mean_{key}": round(sum(vals) / len(vals), 6)} if vals else {})  # no noise
     return out
 
 

@@ -205,7 +205,9 @@ def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path)
     parent = client.get_run(out["parent_run_id"])
     assert parent.data.metrics["selected_round"] == out["selected_round"]
     # the run's page in MLflow opens on the table the console printed (its description)
-    assert parent.data.tags["mlflow.note.content"] == out["table"] + "\n"
+    table, said = out["table"].rsplit("|\n", 1)
+    assert parent.data.tags["mlflow.note.content"] == f"{said.strip()}\n\n{table}|\n"
+    assert said.strip().startswith(f"Round {out['selected_round']} of 3 selected")
     np.testing.assert_array_equal(sorted(out["selected"]), ["NYU", "UM"])
 
 
