@@ -58,10 +58,11 @@ class Pacer:
     def sleep(self) -> None:
         """Nothing yet: sleep until the next ask is due."""
         now = time.monotonic()
-        self.headed = self.first_ask is None and self.since is not None and bool(self.waits)
-        if self.headed:
+        since = self.since
+        self.headed = self.first_ask is None and since is not None and bool(self.waits)
+        if self.headed and since is not None:
             head = min(self.max_first, self.share * min(self.waits))
-            self.first_ask = max(now, self.since + head)
+            self.first_ask = max(now, since + head)
             pause = self.first_ask - now
         else:
             if self.first_ask is None:
