@@ -178,14 +178,17 @@ class TrainInstruction:
             if value is not None and not (_number(value) and math.isfinite(value)  # type: ignore[arg-type]
                                           and value > 0):  # type: ignore[operator]
                 raise _refuse(key, value, "a positive finite number")
-            secagg.append(None if value is None else float(value))  # type: ignore[arg-type]
+            secagg.append(value)  # type: ignore[arg-type]
         return cls(rnd, epochs, first, selected, *secagg)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class EvaluateInstruction:
-    """The final evaluate message's ``config``: the round of the model it carries, and
-    the best round scored so far (0: none), whose private layers a site keeps."""
+    """The final evaluate message's ``config``.
+
+    Its round is the round of the model it carries; its selected round, the best round
+    scored so far (0: none), whose private layers a site keeps.
+    """
 
     round: int
     selected_round: int = 0
@@ -238,7 +241,7 @@ class SiteFacts:
 
     def content(self) -> RecordDict:
         """Return the reply's content."""
-        return pack(**self.sections())
+        return pack(None, **self.sections())
 
     @classmethod
     def from_payload(cls, payload: Payload) -> SiteFacts:
@@ -306,10 +309,9 @@ class TrainResult:
 
     def sections(self) -> dict[str, dict[str, Scalar]]:
         """Return the reply's sections, for :func:`pack`."""
-        out: dict[str, dict[str, Scalar]] = {
-            METRICS: {NUM_EXAMPLES: self.num_examples, **self.metrics}}
-        if self.evals is not None:
-            out[EVAL] = dict(self.evals)
+        out: dict[str, dict[str, Scalar]] = {} if self.evals is None else {
+            EVAL: dict(self.evals)}
+        out[METRICS] = {NUM_EXAMPLES: self.num_examples, **self.metrics}
         if self.state is not None:
             out[STATE] = {PRIVATE_HASH: self.state.private_hash, ROUND: self.state.round}
         return out
@@ -369,7 +371,7 @@ class EvaluateResult:
 
     def content(self) -> RecordDict:
         """Return the reply's content."""
-        return pack(**self.sections())
+        return pack(None, **self.sections())
 
     @classmethod
     def from_payload(cls, payload: Payload) -> EvaluateResult:
