@@ -44,7 +44,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -52,10 +52,8 @@ from flwr.clientapp import ClientApp
 from fedbn_med.federation.audit import AuditLog, run_spec_hash, tensor_facts
 from fedbn_med.federation.config import APP_HASH_KEY, NodeSettings, read_site_config
 from fedbn_med.federation.kept_rounds import keep_rounds
-from fedbn_med.federation.records import pack, unpack
+from fedbn_med.federation.records import Payload, unpack
 from fedbn_med.federation.secagg import (
-    MAX_NORM,
-    SCALE,
     check_outgoing,
     clipping_range,
     is_secagg,
@@ -63,6 +61,20 @@ from fedbn_med.federation.secagg import (
     secagg_gate,
 )
 from fedbn_med.federation.site_runtime import SiteRuntime, _refused
+from fedbn_med.federation.wire import (
+    EVAL,
+    MAX_NORM,
+    METRICS,
+    SCALE,
+    SETUPS,
+    EvaluateInstruction,
+    EvaluateResult,
+    SiteFacts,
+    SiteState,
+    TrainInstruction,
+    TrainResult,
+    config_round,
+)
 from fedbn_med.fl.privacy import PrivacyLedger
 from fedbn_med.fl.release import MAX_LOSS, SCORE_DECIMALS, bounded, bounded_fit
 from fedbn_med.fl.rounds import plan_round
@@ -158,6 +170,7 @@ def _refusal(site: str, strategy: str) -> str:
 
 
 Handler = Callable[[Message, Context], Message]
+_I = TypeVar("_I", TrainInstruction, EvaluateInstruction)
 _AUDIT_LOGS: dict[Path, AuditLog] = {}
 
 
@@ -176,8 +189,8 @@ def _audit_facts(msg: Message, context: Context) -> tuple[AuditLog | None, dict]
     except (ValueError, TypeError, KeyError):
         facts["spec"] = "unreadable"
     try:
-        rnd = unpack(msg.content).section("config").get("round")
-        if isinstance(rnd, int) and not isinstance(rnd, bool):
+        rnd = config_round(unpack(msg.content))
+        if rnd is not None:
             facts["round"] = rnd
     except (ValueError, TypeError, KeyError):
         pass
@@ -192,10 +205,10 @@ def _reply_facts(reply: Message) -> dict[str, object]:
     out: dict[str, object] = {"tensors": tensor_facts(payload.tensors)}
     if "fitres.parameters" in reply.content.array_records:  # the update, to be masked
         out["secagg"] = "masked update of the shared keys"
-    for section in ("metrics", "eval"):
+    for section in (METRICS, EVAL):
         if section in payload.sections:
             out[section] = sorted(payload.floats(section))  # names only
-    metrics = payload.floats("metrics") if "metrics" in payload.sections else {}
+    metrics = payload.floats(METRICS) if METRICS in payload.sections else {}
     for key in ("dp_epsilon", "dp_noise", "dp_clip", "dp_delta"):
         if key in metrics:
             out[key] = metrics[key]
@@ -228,15 +241,12 @@ def _audited(handler: Handler) -> Handler:
 def query(msg: Message, context: Context) -> Message:
     """Tell the server who this site is and what its data look like."""
     rt = runtime(context)
-    info = {
-        "site": rt.trainer.site,
-        "input-shape": [int(d) for d in rt.trainer.input_shape],
-        "num-train": rt.trainer.data.num_train,
-        "resumed-round": rt.trainer.rounds_trained,
-        "private-hash": rt.kept_hash(),
-        "device": str(rt.trainer.device),
-    }
-    return Message(pack(info=info), reply_to=msg)
+    facts = SiteFacts(site=rt.trainer.site,
+                      input_shape=tuple(int(d) for d in rt.trainer.input_shape),
+                      num_train=int(rt.trainer.data.num_train),
+                      resumed_round=rt.trainer.rounds_trained, private_hash=rt.kept_hash(),
+                      device=str(rt.trainer.device))
+    return Message(facts.content(), reply_to=msg)
 
 
 @app.train(mods=[secagg_gate])
@@ -248,13 +258,13 @@ def train(msg: Message, context: Context) -> Message:
     """
     rt = runtime(context)
     payload = unpack(msg.content)
-    cfg = payload.section("config")
-    rnd = int(cfg.get("round", rt.trainer.rounds_trained + 1))  # type: ignore[arg-type]
-    sections: dict[str, dict] = {}
+    cfg = _instruction(rt, TrainInstruction.from_payload, payload, "a train")
+    rnd = cfg.round if cfg.round is not None else rt.trainer.rounds_trained + 1
+    scores: dict[str, float] | None = None
     weights, control = split_controls(payload.tensors)  # control: SCAFFOLD's server variate
     received = weights
     rt.check_model(weights, "a train")
-    asked = cfg.get("local-epochs")
+    asked = cfg.local_epochs
     epochs: object = None
     if asked is not None:
         try:
@@ -262,20 +272,20 @@ def train(msg: Message, context: Context) -> Message:
         except PermissionError as err:
             raise PermissionError(_refused(f"Site {rt.trainer.site} refuses round {rnd}: "
                                            f"{err}")) from None
-    if bool(cfg.get("evaluate-first", False)):
+    if cfg.evaluate_first:
         # The previous round's global weights with this site's current private layers:
         # exactly what the site would have scored right after that round's aggregation,
         # and the weights it now trains from.
         again = rt.scores_again(weights, rnd - 1)
         refusal = None if again is not None else rt.score_refusal(rnd - 1)
         if again is not None:
-            sections["eval"] = again
+            scores = again
         elif refusal is None:
-            sections["eval"] = rt.score(weights, rnd - 1)
+            scores = rt.score(weights, rnd - 1)
         else:
             logger.info("Round %d: no scores sent: %s", rnd, refusal)
     # this site's private layers now are those of round rnd - 1: kept with the best's
-    keep_rounds(rt.state_path, rt.kept_state(), rnd - 1, cfg.get("selected-round"))
+    keep_rounds(rt.state_path, rt.kept_state(), rnd - 1, cfg.selected_round)
     rt.check_release()
     plan = plan_round(rnd, local_epochs=None if epochs is None else int(cast(int, epochs)))
     weights, n, fit = rt.fit(weights, plan.trainer_config(), control)
@@ -288,33 +298,41 @@ def train(msg: Message, context: Context) -> Message:
         # Un-noised, the training loss of crafted weights reads BN shifts back: under DP
         # everything data-dependent that leaves the site is the noised update alone.
         released.pop("train_loss", None)
-    sections["metrics"] = _numbers({"num-examples": n, **released, "setups": rt.setups})
-    sections["state"] = {"private-hash": digest, "round": rnd}
+    result = TrainResult(num_examples=float(n),
+                         metrics=_numbers({**released, SETUPS: rt.setups}),
+                         evals=scores, state=SiteState(digest, rnd))
     if is_secagg(msg):
-        return Message(_secagg_content(rt, context, cfg, weights, received, n, sections),
+        return Message(_secagg_content(rt, context, cfg, weights, received, n, result),
                        reply_to=msg)
-    return Message(pack(join_controls(weights, rt.trainer.control_delta), **sections),
+    return Message(result.content(join_controls(weights, rt.trainer.control_delta)),
                    reply_to=msg)
 
 
-def _secagg_content(rt: SiteRuntime, context: Context, cfg: dict, sent: dict,
-                    received: dict, n: int, sections: dict[str, dict]):  # -> RecordDict
+def _instruction(rt: SiteRuntime, parse: Callable[[Payload], _I], payload: Payload,
+                 what: str) -> _I:
+    try:
+        return parse(payload)
+    except ValueError as err:
+        raise ValueError(_refused(f"Site {rt.trainer.site} refuses {what} message: "
+                                  f"{err}.")) from None
+
+
+def _secagg_content(rt: SiteRuntime, context: Context, cfg: TrainInstruction, sent: dict,
+                    received: dict, n: int, result: TrainResult):  # -> RecordDict
     # The site's own checks of what it masks (the server sees only the sum), then the
     # vector: its weight is its own count (1 each when the run weighs sites alike).
     site = rt.trainer.site
     if rt.trainer.control_delta:
         raise PermissionError(_refused(f"Site {site} refuses SecAgg with a strategy that "
                                        "sends control variates (SCAFFOLD)."))
-    scale, max_norm = cfg.get(SCALE), cfg.get(MAX_NORM)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-               for v in (scale, max_norm)):
+    scale, max_norm = cfg.secagg_scale, cfg.secagg_max_norm
+    if scale is None or max_norm is None:  # the values are checked by TrainInstruction
         raise ValueError(f"Site {site} refuses a SecAgg round whose {SCALE} is {scale!r} and "
                          f"{MAX_NORM} {max_norm!r}: expected positive numbers.")
     check_outgoing(site, sent, received, rt.trainer.partition.private,
-                   clipping_range(context), float(cast(float, max_norm)))
+                   clipping_range(context), float(max_norm))
     equal = read_site_config(context.run_config)[0].weighting == "equal"
-    return masked_reply(pack(**sections), sent, 1.0 if equal else float(n),
-                        float(cast(float, scale)))
+    return masked_reply(result.content(), sent, 1.0 if equal else float(n), float(scale))
 
 
 @app.evaluate()
@@ -327,27 +345,24 @@ def evaluate(msg: Message, context: Context) -> Message:
     """
     rt = runtime(context)
     payload = unpack(msg.content)
-    rnd = payload.section("config").get("round", -1)
-    if isinstance(rnd, bool) or not isinstance(rnd, int):
-        raise ValueError(f"Site {rt.trainer.site} refuses an evaluate message whose round is "
-                         f"{rnd!r}: expected the round of the model it carries.")
+    cfg = _instruction(rt, EvaluateInstruction.from_payload, payload, "an evaluate")
+    rnd = cfg.round
     weights = split_controls(payload.tensors)[0]
     rt.check_model(weights, "an evaluate")
     again = rt.scores_again(weights, rnd)
     if again is not None:
-        return Message(pack(metrics=_numbers(again)), reply_to=msg)
+        return Message(EvaluateResult(_numbers(again)).content(), reply_to=msg)
     refusal = rt.score_refusal(rnd)
     if refusal is not None and rt.trainer.privacy is not None:
         logger.info("Final evaluation: no scores sent: %s", refusal)
-        return Message(pack(metrics={}), reply_to=msg)
+        return Message(EvaluateResult().content(), reply_to=msg)
     if refusal is not None:
         raise PermissionError(_refused(f"Refused to score the model of an evaluate message: "
                                        f"{refusal}."))
     metrics = rt.score(weights, rnd)
     rt.save(rt.trainer.rounds_trained)
-    keep_rounds(rt.state_path, rt.kept_state(), rt.trainer.rounds_trained,
-                payload.section("config").get("selected-round"))
-    return Message(pack(metrics=_numbers(metrics)), reply_to=msg)
+    keep_rounds(rt.state_path, rt.kept_state(), rt.trainer.rounds_trained, cfg.selected_round)
+    return Message(EvaluateResult(_numbers(metrics)).content(), reply_to=msg)
 
 
 def _numbers(metrics: dict[str, float]) -> dict[str, float]:

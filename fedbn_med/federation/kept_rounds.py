@@ -9,8 +9,9 @@ its private layers of that round and of its latest, one file each
 (``<site>.round-<k>.safetensors`` beside its state file), and removes the others. The
 round finally selected is always one of those two.
 
-The server's claim is checked like anything else it sends: a round this site has not
-reached, or not a whole number, keeps the latest round only. A wrong claim can only make
+The server's claim is checked like anything else it sends: one that is not a whole
+number refuses the message (:class:`~fedbn_med.federation.wire.TrainInstruction`), and a
+round this site has not reached keeps the latest round only. A wrong claim can only make
 the site keep the wrong one of its own files; nothing leaves the site.
 """
 

@@ -40,14 +40,12 @@ from flwr.common.secure_aggregation.secaggplus_constants import (
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedbn_med.federation.config import NodeSettings
+from fedbn_med.federation.wire import MAX_NORM, SCALE  # a train message's SecAgg keys
 from fedbn_med.fl.reply_checks import check_reply, update_norm
 
 __all__ = ["MAX_NORM", "SCALE", "check_outgoing", "clipping_range", "is_secagg", "masked_reply",
            "secagg_gate", "vector_keys"]
 
-#: Config keys of a train message under SecAgg: the round's largest count, the norm bound
-SCALE = "secagg-scale"
-MAX_NORM = "secagg-max-norm"
 #: The fewest sites a SecAgg+ round may have, and the lowest reconstruction threshold a
 #: site accepts: with fewer, the sum of the others is one site's update.
 MIN_SITES = 2

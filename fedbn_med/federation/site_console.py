@@ -14,6 +14,7 @@ from flwr.app import Message
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedbn_med.federation.records import unpack
+from fedbn_med.federation.wire import EVAL, INFO, METRICS, config_round
 
 __all__ = ["SiteConsole"]
 
@@ -30,7 +31,7 @@ def _size(n_bytes: int) -> str:
 
 def _numbers(sections: dict[str, dict]) -> str:
     """Name the numbers a reply carries: scores by metric, the rest by name."""
-    scores = {**sections.get("eval", {}), **sections.get("metrics", {})}
+    scores = {**sections.get(EVAL, {}), **sections.get(METRICS, {})}
     stems = sorted({k.split("_", 1)[1] for k in scores if k.startswith(("val_", "test_"))})
     others = sorted(k for k in scores if not k.startswith(("val_", "test_")))
     parts = []
@@ -71,9 +72,10 @@ class SiteConsole:
         """Describe one answered message: its round, and what left the site."""
         kind = message.metadata.message_type.split(".")[0]
         try:
-            rnd = str(unpack(message.content).section("config").get("round", "?"))
+            number = config_round(unpack(message.content))
         except ValueError:
-            rnd = "?"
+            number = None
+        rnd = "?" if number is None else str(number)
         if reply.has_error():
             self.write(f"[{self.site}] round {rnd}: {kind} refused: {reply.error.reason}")
             return
@@ -83,7 +85,7 @@ class SiteConsole:
             self.write(f"[{self.site}] SecAgg+: sent keys or key shares")
             return
         if kind == "query":
-            facts = ", ".join(sent.section("info"))
+            facts = ", ".join(sent.section(INFO))
             self.write(f"[{self.site}] told the server its site facts ({facts})")
             return
         names = tuple(sent.tensors)

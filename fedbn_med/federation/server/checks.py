@@ -7,7 +7,8 @@ why, so the server refuses that one reply and goes on.
 
 A reply's weights and example count are checked by :mod:`fedbn_med.fl.rounds`, for every
 engine; this module checks what only the server takes from the network: the sections of
-a reply and the metric names and values that go to the checkpoint, ``progress.jsonl``
+a reply (parsed by their types of :mod:`fedbn_med.federation.wire`, the schema the sites
+share) and the metric names and values that go to the checkpoint, ``progress.jsonl``
 and MLflow. A site may send only the metrics its task defines
 (:attr:`fedbn_med.tasks.Task.score_metrics` on each split, and the training metrics of
 :data:`TRAIN_METRICS`), each a number inside its range; anything else is refused, with
@@ -17,13 +18,20 @@ the reason, and never stored.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from fedbn_med.federation.names import NAME_RULE, is_plain_name
 from fedbn_med.federation.records import unpack
+from fedbn_med.federation.wire import (
+    EVAL,
+    METRICS,
+    NUM_EXAMPLES,
+    SETUPS,
+    EvaluateResult,
+    SiteFacts,
+    TrainResult,
+)
 from fedbn_med.fl.rounds import Reply
 from fedbn_med.fl.scaffold import split_controls
 
@@ -31,7 +39,7 @@ if TYPE_CHECKING:
     from flwr.app import Message, RecordDict
 
 __all__ = ["MAX_ENTRIES", "MAX_LOSS", "SCORE_RANGES", "SPLITS", "TRAIN_METRICS",
-           "WHOLE_SCORES", "SiteInfo", "TrainReply", "claimed_site", "error_reason",
+           "WHOLE_SCORES", "SiteFacts", "TrainReply", "claimed_site", "error_reason",
            "evaluate_reason", "metrics_reason", "read_evaluate", "read_query", "read_train",
            "refusal", "score_names", "train_reason"]
 
@@ -64,18 +72,13 @@ WHOLE_SCORES = frozenset({"n"})
 #: What a train reply's ``metrics`` section may hold: name -> (low, high, whole number).
 #: ``num-examples`` is checked by :func:`fedbn_med.fl.rounds.num_examples_reason`.
 TRAIN_METRICS: dict[str, tuple[float, float, bool] | None] = {
-    "num-examples": None,
+    NUM_EXAMPLES: None,
     "train_loss": (0.0, MAX_LOSS, False),
-    "setups": (1, 1e9, True),
+    SETUPS: (1, 1e9, True),
     "dp_epsilon": (0.0, 1e6, False), "dp_delta": (0.0, 1.0, False),
     "dp_noise": (0.0, 1e6, False), "dp_clip": (0.0, 1e6, False),
     "dp_epsilon_replace_one": (0.0, 1e6, False), "dp_seeded": (0, 1, True),
 }
-#: A DP site sends no ``train_loss`` (un-noised, it would read its BN layers back).
-_REQUIRED = ("num-examples",)
-
-# A site's state hash is a SHA-256 in hex (fedbn_med.checkpoint.state_hash).
-_HASH = re.compile(r"[0-9a-f]{64}")
 # fedbn_med.evaluation.metrics.METRIC_NAMES, written out so that the server's checks import no
 # evaluation code
 _DEFAULT_SCORES = ("accuracy", "balanced_accuracy", "auc", "f1", "loss", "n", "positive_rate",
@@ -127,12 +130,12 @@ def metrics_reason(sections: Mapping[str, Mapping[str, object]],
         if len(metrics) > MAX_ENTRIES:
             return (f"its {section} section holds {len(metrics)} metrics (at most "
                     f"{MAX_ENTRIES}; the task defines {len(allowed_scores)} scores)")
-        allowed = TRAIN_METRICS if section == "metrics" else allowed_scores
+        allowed = TRAIN_METRICS if section == METRICS else allowed_scores
         for name, value in metrics.items():
             if not isinstance(name, str) or name not in allowed:
                 return (f"its {section} section names a metric {str(name)[:60]!r}, which the "
                         f"task does not define (valid: {', '.join(sorted(allowed))})")
-            if section == "metrics":
+            if section == METRICS:
                 bounds = TRAIN_METRICS[name]
                 reason = _value_reason(section, name, value, bounds,
                                        whole=bool(bounds and bounds[2]))
@@ -154,54 +157,47 @@ def train_reason(sections: Mapping[str, Mapping[str, object]],
     ``eval`` (the scores of the previous round's model) and ``state`` (the hash of the
     site's private state and the round), nothing else.
     """
-    unknown = sorted(set(sections) - {"metrics", "eval", "state"})
-    if unknown:
-        return (f"its reply holds sections {[s[:40] for s in unknown[:3]]} (a train reply "
-                "holds only metrics, eval and state)")
-    metrics = sections.get("metrics", {})
-    missing = [name for name in _REQUIRED if name not in metrics]
-    if missing:
-        return f"its metrics section lacks {', '.join(missing)}"
-    state = sections.get("state", {})
-    extra = sorted(set(state) - {"private-hash", "round"})
-    if extra:
-        return (f"its state section holds {[s[:40] for s in extra[:3]]} (expected only "
-                "private-hash and round)")
-    digest = state.get("private-hash", "")
-    if not isinstance(digest, str) or not (digest == "" or _HASH.fullmatch(digest)):
-        return f"its private-hash {str(digest)[:70]!r} is not a SHA-256 in hex"
-    rnd = state.get("round", 0)
-    if not isinstance(rnd, int) or isinstance(rnd, bool):
-        return f"its state round is {type(rnd).__name__}, not a whole number"
-    return metrics_reason({s: sections[s] for s in ("metrics", "eval") if s in sections},
-                          scores)
+    try:
+        _train_result(sections, scores)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _train_result(sections: Mapping[str, Mapping[str, object]],
+                  scores: Collection[str] | None) -> TrainResult:
+    # the sections, their keys and the values' types (a DP site sends no train_loss), then
+    # the task's metric names and ranges
+    result = TrainResult.from_sections(sections)
+    reason = metrics_reason({s: sections[s] for s in (METRICS, EVAL) if s in sections},
+                            scores)
+    if reason is not None:
+        raise ValueError(reason)
+    return result
 
 
 def evaluate_reason(sections: Mapping[str, Mapping[str, object]],
                     scores: Collection[str] | None = None) -> str | None:
     """Return why an evaluate reply is refused, or None: it holds only scores (``metrics``)."""
-    unknown = sorted(set(sections) - {"metrics"})
-    if unknown:
-        return (f"its reply holds sections {[s[:40] for s in unknown[:3]]} (an evaluate reply "
-                "holds only metrics)")
-    return metrics_reason({"eval": sections.get("metrics", {})}, scores)
+    try:
+        _evaluate_result(sections, scores)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _evaluate_result(sections: Mapping[str, Mapping[str, object]],
+                     scores: Collection[str] | None) -> EvaluateResult:
+    result = EvaluateResult.from_sections(sections)
+    reason = metrics_reason({EVAL: sections.get(METRICS, {})}, scores)
+    if reason is not None:
+        raise ValueError(reason)
+    return result
 
 
 # -- decoding a reply ----------------------------------------------------------------------
 #: The longest reason or error text a site's reply may put in a log line or an event.
 MAX_REASON = 500
-_MAX_DIMS = 8
-
-
-@dataclass(frozen=True)
-class SiteInfo:
-    """What a node says about itself in its query reply, checked."""
-
-    site: str
-    input_shape: tuple[int, ...]
-    resumed_round: int
-    private_hash: str
-    num_train: int = 0  # what the site says it trains on (SecAgg's scale without a registry)
 
 
 @dataclass(frozen=True)
@@ -228,40 +224,15 @@ def error_reason(reply: Message) -> str:
     return str(reply.error.reason)[:MAX_REASON]
 
 
-def _whole(value: object, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def read_query(content: RecordDict) -> SiteInfo:
+def read_query(content: RecordDict) -> SiteFacts:
     """Return what a query reply says: the site, its data's shape, what it resumed.
 
     Raises
     ------
     ValueError
-        When the reply is malformed: a site name that is not letters, digits, '-' or '_'
-        (at most 64), a shape that is not a few whole numbers from 1, a resumed round
-        that is not a whole number from 0, or a private hash that is not a SHA-256.
+        When the reply is malformed (:meth:`~fedbn_med.federation.wire.SiteFacts.from_payload`).
     """
-    info = unpack(content).section("info")
-    site = info.get("site")
-    if not is_plain_name(site):
-        raise ValueError(f"its site name {repr(site)[:70]} is not {NAME_RULE}")
-    shape = info.get("input-shape")
-    if not isinstance(shape, list) or not 0 < len(shape) <= _MAX_DIMS \
-            or not all(_whole(d, 1) for d in shape):
-        raise ValueError(f"its input-shape {str(shape)[:70]} is not 1 to {_MAX_DIMS} whole "
-                         "numbers from 1")
-    resumed = info.get("resumed-round")
-    if not _whole(resumed, 0):
-        raise ValueError(f"its resumed-round {repr(resumed)[:40]} is not a whole number from 0")
-    digest = info.get("private-hash", "")
-    if not isinstance(digest, str) or not (digest == "" or _HASH.fullmatch(digest)):
-        raise ValueError(f"its private-hash {str(digest)[:70]!r} is not a SHA-256 in hex")
-    count = info.get("num-train", 0)
-    if not _whole(count, 0):
-        raise ValueError(f"its num-train {repr(count)[:40]} is not a whole number from 0")
-    return SiteInfo(site, tuple(cast("list[int]", shape)), cast(int, resumed), digest,
-                    cast(int, count))
+    return SiteFacts.from_payload(unpack(content))
 
 
 def claimed_site(reply: Message) -> str | None:
@@ -283,21 +254,19 @@ def read_train(content: RecordDict, site: str, scores: Collection[str]) -> Train
         Naming what is wrong (:func:`train_reason`, or the message cannot be decoded).
     """
     payload = unpack(content)
-    reason = train_reason(payload.sections, scores)
-    if reason is not None:
-        raise ValueError(reason)
-    metrics = payload.floats("metrics")
-    fits = {"num_examples": metrics["num-examples"],
+    result = _train_result(payload.sections, scores)
+    metrics = {k: float(v) for k, v in result.metrics.items()}
+    fits = {"num_examples": float(result.num_examples),
             **({"train_loss": metrics["train_loss"]} if "train_loss" in metrics else {}),
-            "setups": metrics.get("setups", 0.0),
+            "setups": metrics.get(SETUPS, 0.0),
             # the (epsilon, delta) a DP site has spent, for its MLflow run
             **{k: v for k, v in metrics.items() if k.startswith("dp_")}}
     weights, controls = split_controls(payload.tensors)
-    evals = payload.floats("eval") if "eval" in payload.sections else None
-    digest = (str(payload.section("state").get("private-hash", ""))
-              if "state" in payload.sections else None)
+    evals = ({k: float(v) for k, v in result.evals.items()} if result.evals is not None
+             else None)
+    digest = result.state.private_hash if result.state is not None else None
     # the count is checked by close_round (fedbn_med.fl.rounds.num_examples_reason)
-    update = Reply(site, weights, metrics["num-examples"], controls=controls)
+    update = Reply(site, weights, float(result.num_examples), controls=controls)
     return TrainReply(update, fits, evals, digest)
 
 
@@ -309,8 +278,5 @@ def read_evaluate(content: RecordDict, scores: Collection[str]) -> dict[str, flo
     ValueError
         Naming what is wrong (:func:`evaluate_reason`, or the message cannot be decoded).
     """
-    payload = unpack(content)
-    reason = evaluate_reason(payload.sections, scores)
-    if reason is not None:
-        raise ValueError(reason)
-    return payload.floats("metrics")
+    result = _evaluate_result(unpack(content).sections, scores)
+    return {k: float(v) for k, v in result.scores.items()}

@@ -29,7 +29,6 @@ from flwr.app import Message, MessageType, RecordDict
 from fedbn_med.checkpoint import write_text_atomic
 from fedbn_med.federation._flwr_replies import reply_bounds
 from fedbn_med.federation.events import EvaluationRefused, ServerStarted, Trained, UpdateRefused
-from fedbn_med.federation.records import pack
 from fedbn_med.federation.server.checks import (
     error_reason,
     read_evaluate,
@@ -40,6 +39,7 @@ from fedbn_med.federation.server.checks import (
 from fedbn_med.federation.server.recorder import Fits, RunRecorder
 from fedbn_med.federation.server.registry import SiteRegistry
 from fedbn_med.federation.server.secagg import SecAggRound
+from fedbn_med.federation.wire import EvaluateInstruction, TrainInstruction
 from fedbn_med.fl.partition import partition_model
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import join_controls, split_controls, zero_controls
@@ -159,20 +159,22 @@ class FederationServer:
         return resumed.parent_run_id
 
     # -- rounds --------------------------------------------------------------------------
-    def _content(self, rnd: int, evaluate_first: bool, **extra: float) -> RecordDict:
-        # selected-round: the best round scored so far, whose private layers each site
+    def _instruction(self, rnd: int, evaluate_first: bool) -> TrainInstruction:
+        # selected round: the best round scored so far, whose private layers each site
         # keeps (the selected model is that round's shared weights with them)
-        return pack(join_controls(self.global_weights, self.control), config={
-            "round": rnd, "local-epochs": self.config.local_epochs,
-            "evaluate-first": evaluate_first, "selected-round": self.recorder.running.best,
-            **extra})
+        return TrainInstruction(round=rnd, local_epochs=self.config.local_epochs,
+                                evaluate_first=evaluate_first,
+                                selected_round=self.recorder.running.best)
 
-    def _messages(self, nodes: Iterable[int], mtype: str, rnd: int, evaluate_first: bool
-                  ) -> list[Message]:
+    def _content(self, instruction: TrainInstruction | EvaluateInstruction) -> RecordDict:
+        return instruction.content(join_controls(self.global_weights, self.control))
+
+    def _messages(self, nodes: Iterable[int], mtype: str,
+                  instruction: TrainInstruction | EvaluateInstruction) -> list[Message]:
         # Every site gets the same content: packed once, stored once by the SuperLink.
-        content = self._content(rnd, evaluate_first)
-        return [Message(content, dst_node_id=n, message_type=mtype, group_id=str(rnd))
-                for n in nodes]
+        content = self._content(instruction)
+        return [Message(content, dst_node_id=n, message_type=mtype,
+                        group_id=str(instruction.round)) for n in nodes]
 
     def run(self) -> None:
         """Run every round, then the final evaluation; write results and track them."""
@@ -213,9 +215,10 @@ class FederationServer:
             secure = SecAggRound(self, rnd, nodes, plan.evaluate_first)
             replies, answered = secure.summed.replies, secure.summed.answered
         else:
-            replies = self.grid.send(self._messages(nodes, MessageType.TRAIN, rnd,
-                                                    plan.evaluate_first),
-                                     timeout=self.settings.round_timeout)
+            replies = self.grid.send(
+                self._messages(nodes, MessageType.TRAIN,
+                               self._instruction(rnd, plan.evaluate_first)),
+                timeout=self.settings.round_timeout)
             answered = {r.metadata.src_node_id for r in replies}
         self.registry.heard(nodes, answered)
         got = self._read_replies(rnd, nodes, replies)
@@ -294,7 +297,8 @@ class FederationServer:
     def _close(self, pending: Fits) -> None:
         nodes = self.registry.live()
         replies = self.grid.send(
-            self._messages(nodes, MessageType.EVALUATE, self.config.rounds, False),
+            self._messages(nodes, MessageType.EVALUATE, EvaluateInstruction(
+                self.config.rounds, selected_round=self.recorder.running.best)),
             timeout=self.settings.round_timeout)
         evals: Fits = {}
         for reply in replies:

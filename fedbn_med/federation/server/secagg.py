@@ -22,6 +22,7 @@ A site that drops out during the round is left out of the sum: with at least
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -43,7 +44,7 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import (
     WorkflowState,
 )
 
-from fedbn_med.federation.secagg import MAX_NORM, MIN_SITES, SCALE, vector_keys
+from fedbn_med.federation.secagg import MIN_SITES, vector_keys
 from fedbn_med.fl.reply_checks import update_norm
 from fedbn_med.fl.rounds import RoundOutcome
 
@@ -232,8 +233,9 @@ class SecAggRound:
         self.scale = float(max(1, *self.counts.values()))
         # one payload record (the global weights) in every node's message: serialised
         # once, and stored once by the SuperLink; each message gets its own SecAgg+ record
-        payload = server._content(rnd, evaluate_first, **{
-            SCALE: self.scale, MAX_NORM: settings.secagg_max_norm})
+        payload = server._content(dataclasses.replace(
+            server._instruction(rnd, evaluate_first), secagg_scale=self.scale,
+            secagg_max_norm=settings.secagg_max_norm))
         contents = {n: RecordDict(dict(payload.items())) for n in self.nodes}
         self.summed = secagg_fit(server.grid, contents, rnd, clip=settings.secagg_clip,
                                  timeout=settings.round_timeout)
