@@ -30,7 +30,6 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 # isort: split
 import argparse
 import dataclasses
-import json
 import sys
 import tempfile
 import threading
@@ -44,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the stock-Flower hel
 
 from _stock_flower import stock_flower_run  # noqa: E402
 
+from fedbn_med.federation.events import Done, Ready, Round, Trained, read_events  # noqa: E402
 from fedbn_med.federation.run import FlowerOptions, run_flower  # noqa: E402
 from fedbn_med.spec import RunSpec  # noqa: E402
 from fedbn_med.tasks import get_task  # noqa: E402
@@ -141,12 +141,12 @@ def federated(spec: RunSpec, workdir: Path) -> dict:
         (result,) = run_flower([spec], options)
         ended = time.time()
     run_dir = next(workdir.glob("run-0-*"))
-    events = [json.loads(x) for x in (run_dir / "progress.jsonl").read_text().splitlines()]
-    ready = next(e["t"] for e in events if e["event"] == "ready")
-    first = next(e for e in events if e["event"] == "trained")
-    rounds_start = first["t"] - first["seconds"]
-    last = [e["t"] for e in events if e["event"] == "round"][-1]
-    done = next(e["t"] for e in events if e["event"] == "done")
+    events = read_events(run_dir / "progress.jsonl", strict=False)
+    ready = next(e.t for e in events if isinstance(e, Ready))
+    first = next(e for e in events if isinstance(e, Trained))
+    rounds_start = first.t - first.seconds
+    last = [e.t for e in events if isinstance(e, Round)][-1]
+    done = next(e.t for e in events if isinstance(e, Done))
     usage = cpu.between(rounds_start, last)
     return {"startup": ready - started, "tracking_setup": rounds_start - ready,
             "rounds": last - rounds_start, "closing": done - last,

@@ -21,11 +21,11 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 
 # isort: split
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
+from fedbn_med.federation.events import Round, Trained, read_events
 from fedbn_med.federation.run import FlowerOptions, run_flower
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
@@ -40,11 +40,11 @@ def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
         raise RuntimeError(f"The {'SecAgg' if secagg else 'plain'} run failed: "
                            f"{result['error']}")
     run_dir = next(workdir.glob("run-0-*"))
-    events = [json.loads(x) for x in (run_dir / "progress.jsonl").read_text().splitlines()]
-    trained = [e for e in events if e["event"] == "trained"]
-    start = trained[0]["t"] - trained[0]["seconds"]
-    last = [e["t"] for e in events if e["event"] == "round"][-1]
-    later = [e["seconds"] for e in trained[1:]] or [trained[0]["seconds"]]
+    events = read_events(run_dir / "progress.jsonl", strict=False)
+    trained = [e for e in events if isinstance(e, Trained)]
+    start = trained[0].t - trained[0].seconds
+    last = [e.t for e in events if isinstance(e, Round)][-1]
+    later = [e.seconds for e in trained[1:]] or [trained[0].seconds]
     return {"rounds": (last - start) / spec.rounds, "median": statistics.median(later)}
 
 

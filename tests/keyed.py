@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fedbn_med.federation.config import ServerSettings, run_config
 from fedbn_med.federation.consortium import ConsortiumFiles, create_consortium
+from fedbn_med.federation.events import Event
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles
 from fedbn_med.federation.launcher.processes import FederationError
 from fedbn_med.federation.launcher.watchdog import family, stop_all
@@ -113,8 +114,8 @@ def preload_task(name: str = "abide") -> None:
 
 
 def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300.0,
-                   **server: object) -> tuple[dict, list[dict], ServerSettings]:
-    """Run one federation ``name`` on ``c``; return its results, events and settings.
+                   **server: object) -> tuple[dict, list[Event], ServerSettings]:
+    """Run one federation ``name`` on ``c``; return its results, typed events and settings.
 
     ``server`` are :class:`ServerSettings` fields (``wait_timeout`` defaults to 60 s);
     the MLflow store is ``<root>/mlflow.db``. A run that fails gives ``{"error": ...}``.
@@ -129,7 +130,7 @@ def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300
         "registered_counts": read_registered_counts(c.keys.ca_cert.parent),
         "tracking_uri": sqlite_store(c.root / "mlflow.db"), "wait_timeout": 60.0,
         **server})
-    events: list[dict] = []
+    events: list[Event] = []
     run = c.fed.submit(run_config(spec, settings), results_dir=workdir)
     try:
         results = c.fed.watch(run, on_event=events.append, timeout=timeout,
@@ -137,5 +138,5 @@ def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300
     except FederationError as err:
         results = {"error": str(err)}
     logger.warning("federation %s ended after %.1f s", name,
-                   events[-1]["t"] - events[0]["t"] if events else math.nan)
+                   events[-1].t - events[0].t if events else math.nan)
     return results, events, settings

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from fedbn_med.federation.events import Trained
 from fedbn_med.federation.server.rounds import HOSPITAL_MAX_SHARE
 from fedbn_med.fl.weighting import capped_weights, site_weights
 
@@ -71,8 +72,8 @@ def colluded(small_cohort, tmp_path_factory):
 
 def test_colluders_weigh_at_most_their_registered_counts(colluded):
     assert "error" not in colluded["results"], colluded["results"]
-    (trained,) = [e for e in colluded["events"] if e["event"] == "trained"]
-    shares = trained["shares"]
+    (trained,) = [e for e in colluded["events"] if isinstance(e, Trained)]
+    shares = trained.shares
     assert set(shares) == set(SITES), trained
     ucla = int(next(r["num_examples"] for r in colluded["results"]["rows"]
                     if r["site"] == "UCLA"))

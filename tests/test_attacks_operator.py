@@ -27,6 +27,7 @@ import pytest
 
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.events import SiteError
 from fedbn_med.federation.launcher.flower_cli import CONNECTION, flwr_tool, write_run_config
 from fedbn_med.fl.privacy import epsilon
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
@@ -224,8 +225,8 @@ def test_the_dp_budget_does_not_restart_with_a_new_federation(operator_world):
     # UM's ledger holds fed-a; fed-b's two more rounds would cross its ceiling
     ledger = json.loads((world["state"] / "UM.dp_ledger.json").read_text())
     assert list(ledger["federations"]) == ["fed-a"]
-    refusals = [e for e in world["b"]["events"] if e["event"] == "site-error"
-                and "Site UM" in e.get("reason", "")]
-    assert refusals and "above its ceiling dp_epsilon_max" in refusals[0]["reason"], \
+    refusals = [e for e in world["b"]["events"] if isinstance(e, SiteError)
+                and "Site UM" in e.reason]
+    assert refusals and "above its ceiling dp_epsilon_max" in refusals[0].reason, \
         world["b"]["events"]
     assert "Missing sites: UM" in world["b"]["results"]["error"]

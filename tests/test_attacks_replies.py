@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from fedbn_med.federation.events import EvaluationRefused, Trained, UpdateRefused
+
 pytestmark = pytest.mark.integration
 
 #: Round -> the attack the dishonest site makes in that round's train reply.
@@ -117,12 +119,12 @@ def attacked(small_cohort, tmp_path_factory):
 
 
 def _refused(attacked) -> dict[int, str]:
-    return {e["round"]: e["reason"] for e in attacked["events"]
-            if e["event"] == "update-refused" and e["site"] == "USM"}
+    return {e.round: e.reason for e in attacked["events"]
+            if isinstance(e, UpdateRefused) and e.site == "USM"}
 
 
-def _trained(attacked) -> dict[int, dict]:
-    return {e["round"]: e for e in attacked["events"] if e["event"] == "trained"}
+def _trained(attacked) -> dict[int, Trained]:
+    return {e.round: e for e in attacked["events"] if isinstance(e, Trained)}
 
 
 def test_every_round_goes_on_and_only_the_attacks_are_refused(attacked):
@@ -132,14 +134,14 @@ def test_every_round_goes_on_and_only_the_attacks_are_refused(attacked):
     assert set(_refused(attacked)) == {2, 3, 4, 5}
     for rnd, event in trained.items():
         want = ["NYU", "UM", "USM"] if rnd in (1, ROUNDS) else ["NYU", "UM"]
-        assert event["sites"] == want, (rnd, event)
+        assert event.sites == want, (rnd, event)
     assert set(attacked["results"]["final"]) >= {"NYU", "UM"}
     assert f"dishonest node, round {ROUNDS}" in (attacked["root"] / "USM.log").read_text()
 
 
 def test_a_claimed_count_of_10_9_weighs_at_most_half(attacked):
     # item 2: in hospital mode no site outweighs the others together, whatever it claims
-    shares = _trained(attacked)[1]["shares"]
+    shares = _trained(attacked)[1].shares
     assert set(shares) == {"NYU", "UM", "USM"}
     assert shares["USM"] == pytest.approx(0.5)
     assert shares["NYU"] + shares["UM"] == pytest.approx(0.5)
@@ -178,9 +180,9 @@ def test_metric_values_outside_their_range_are_refused(attacked):
     refused = _refused(attacked)
     assert "its metric 'test_auc' (eval) is 1e+308 (expected a finite number from 0 to 1" \
         in refused[5]
-    final = [e for e in attacked["events"] if e["event"] == "evaluation-refused"]
-    assert [e["site"] for e in final] == ["USM"]
-    assert "its metric 'test_accuracy' (eval) is nan" in final[0]["reason"]
+    final = [e for e in attacked["events"] if isinstance(e, EvaluationRefused)]
+    assert [e.site for e in final] == ["USM"]
+    assert "its metric 'test_accuracy' (eval) is nan" in final[0].reason
     assert "test_accuracy" not in attacked["results"]["final"].get("USM", {})
     rows = attacked["results"]["rows"]
     for row in rows:

@@ -50,7 +50,8 @@ def test_every_event_survives_its_line_as_its_class(event, tmp_path):
     # as a reader of progress.jsonl or a pipe sees it, and as the launcher hands it on
     path = tmp_path / "progress.jsonl"
     events.append_event(path, event)
-    assert list(events.read_events(path.read_text().splitlines())) == [event]
+    assert events.read_events(path) == [event]
+    assert events.read_events(path.read_text().splitlines()) == [event]
     assert events.decode(back.as_dict()) == event
     read_end, write_end = os.pipe()
     try:
@@ -108,5 +109,19 @@ def test_progress_events_append_to_a_file(tmp_path):
     path = tmp_path / "progress.jsonl"
     events.append_event(path, events.Ready(sites=["NYU", "UM"]))
     events.append_event(path, events.Done(table="t"))
-    kinds = [e.kind for e in events.read_events(path.read_text().splitlines())]
+    kinds = [e.kind for e in events.read_events(path)]
     assert kinds == ["ready", "done"]
+
+
+def test_a_progress_file_reads_back_typed_and_keeps_what_it_does_not_know(tmp_path):
+    path = tmp_path / "progress.jsonl"
+    events.append_event(path, events.Ready(sites=["NYU"], t=1.0))
+    with open(path, "a") as out:
+        out.write('\n{"event": "future", "x": 1, "t": 2.0}\n')
+        out.write('{"event": "done", "table": "t", "extra": 1, "t": 3.0}\n')
+    read = events.read_events(path, strict=False)  # as the launcher follows a run
+    assert read == [events.Ready(sites=["NYU"], t=1.0),
+                    events.Unknown(name="future", fields={"x": 1}, t=2.0),
+                    events.Unknown(name="done", fields={"table": "t", "extra": 1}, t=3.0)]
+    with pytest.raises(ValueError, match="unexpected fields"):
+        events.read_events(path)

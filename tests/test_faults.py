@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from fedbn_med.checkpoint import load_tensors, state_hash
 from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.events import Event, Joined, Rejoined, Round, Trained
 from fedbn_med.federation.launcher import LocalFederation
 from fedbn_med.spec import RunSpec
 from fedbn_med.tracking import read_sites_per_round
@@ -59,12 +60,12 @@ def fed(small_cohort, tmp_path_factory):
 
 def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort, tmp_path):
     config = RunSpec(strategy="fedbn", rounds=8, sites=SITES, data_dir=small_cohort)
-    events = []
+    events: list[Event] = []
     saved_hash = {}
 
     def on_event(event):
         events.append(event)
-        if event["event"] == "trained" and event["round"] == 2:
+        if isinstance(event, Trained) and event.round == 2:
             # round 3 starts now: the site dies with whatever it had saved
             fed.stop_process("site-USM", sig=signal.SIGKILL)
             path = next((fed.workdir / "sites" / "faults-1").rglob("USM.safetensors"))
@@ -77,14 +78,14 @@ def test_killed_site_misses_a_round_rejoins_with_its_own_state(fed, small_cohort
         results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
 
-    assert [e["round"] for e in events if e["event"] == "round"] == list(range(1, 9))
-    missed = [e["round"] for e in events if e["event"] == "trained" and "USM" in e["missing"]]
+    assert [e.round for e in events if isinstance(e, Round)] == list(range(1, 9))
+    missed = [e.round for e in events if isinstance(e, Trained) and "USM" in e.missing]
     # killed as round 3 starts: it misses round 3, or round 4 if it answered 3 first
     assert missed and missed[0] in (3, 4), events
-    rejoin = [e for e in events if e["event"] == "rejoined" and e["site"] == "USM"]
+    rejoin = [e for e in events if isinstance(e, Rejoined) and e.site == "USM"]
     assert rejoin, "the restarted site rejoined"
-    assert rejoin[0]["private_hash"] == saved_hash["hash"]
-    assert rejoin[0]["resumed_round"] == saved_hash["round"]
+    assert rejoin[0].private_hash == saved_hash["hash"]
+    assert rejoin[0].resumed_round == saved_hash["round"]
     assert set(results["final"]) == set(SITES), "USM is back by the last round"
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -102,7 +103,7 @@ def test_server_killed_after_round_3_resumes_without_gaps_or_duplicates(fed, sma
     config = RunSpec(strategy="fedbn", rounds=6, sites=SITES, data_dir=small_cohort)
 
     def crash_after_round_3(event):
-        if event["event"] == "trained" and event["round"] == 3:
+        if isinstance(event, Trained) and event.round == 3:
             raise _Stop
 
     with pytest.raises(_Stop):
@@ -136,18 +137,18 @@ def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
     config = RunSpec(strategy="fedbn", rounds=rounds, sites=SITES[:3],
                               data_dir=small_cohort)
     fed.stop_process("site-UCLA")
-    events = []
+    events: list[Event] = []
 
     def on_event(event):
         events.append(event)
-        if event["event"] == "trained" and event["round"] == 2:
+        if isinstance(event, Trained) and event.round == 2:
             fed.start_site("UCLA", data_dir=small_cohort, device="cpu", threads=1)
 
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
         "allow_join": True, "federation_id": "join"}), results_dir=tmp_path / "run"),
         on_event=on_event, timeout=600, results_dir=tmp_path / "run")
-    joined = [e for e in events if e["event"] == "joined" and e["site"] == "UCLA"]
-    assert joined and joined[0]["resumed_round"] == 0
+    joined = [e for e in events if type(e) is Joined and e.site == "UCLA"]  # not Rejoined
+    assert joined and joined[0].resumed_round == 0
     first = min(r["round"] for r in results["rows"] if r["site"] == "UCLA")
     assert first > 2
     _, steps = _metric_steps(f"sqlite:///{tmp_path / 'mlflow.db'}")

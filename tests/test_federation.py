@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import psutil
@@ -12,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.events import Event, Round, SiteRefused, read_events
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
 from fedbn_med.fl.scaffold import split_controls
@@ -61,7 +61,7 @@ def _submit(fed, config, tmp_path, **server):
         "workdir": tmp_path, "tracking_uri": sqlite_store(tmp_path / "mlflow.db"),
         "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
-    events = []
+    events: list[Event] = []
     return fed.watch(run, on_event=events.append, timeout=300, results_dir=tmp_path), events
 
 
@@ -80,7 +80,7 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
         assert got["num_examples"] == want["num_examples"]
     # data loading and model set-up happened once per site, not once per round
     assert all(r["setups"] == 1 for r in result["rows"])
-    assert [e["round"] for e in events if e["event"] == "round"] == [1, 2, 3]
+    assert [e.round for e in events if isinstance(e, Round)] == [1, 2, 3]
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("abide-fedbn")
@@ -182,8 +182,8 @@ def test_site_with_other_feature_dimension_is_refused(federation, small_cohort, 
     config = RunSpec(strategy="fedbn", rounds=1, sites=SITES, data_dir=small_cohort)
     with pytest.raises(FederationError, match=r"Missing sites: NYU, UM"):
         _submit(federation, config, tmp_path, **{"input_shape": (5995,), "wait_timeout": 5.0})
-    events = [json.loads(x) for x in (tmp_path / "progress.jsonl").read_text().splitlines()]
-    reasons = [e["reason"] for e in events if e["event"] == "site-refused"]
+    events = read_events(tmp_path / "progress.jsonl")
+    reasons = [e.reason for e in events if isinstance(e, SiteRefused)]
     assert any("shape (N, 6105)" in r and "takes (N, 5995)" in r for r in reasons)
 
 

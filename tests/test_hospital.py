@@ -22,6 +22,16 @@ import pytest
 
 from fedbn_med.federation.config import NodeSettings
 from fedbn_med.federation.consortium import create_consortium
+from fedbn_med.federation.events import (
+    Event,
+    Joined,
+    ServerStarted,
+    SiteError,
+    SiteRefused,
+    Trained,
+    UpdateRefused,
+    read_events,
+)
 from fedbn_med.federation.launcher import TlsFiles, free_port
 from fedbn_med.federation.launcher.flower_cli import connection_config, register_key
 from fedbn_med.federation.launcher.processes import terminate_tree
@@ -44,11 +54,11 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen:
                                 cwd=log.parent)
 
 
-def _events(workdir: Path) -> list[dict]:
+def _events(workdir: Path) -> list[Event]:
     path = workdir / "progress.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_events(path)
 
 
 def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
@@ -148,17 +158,17 @@ def test_a_reply_larger_than_the_model_is_refused_before_it_is_read(consortium):
 def test_a_node_is_the_site_its_key_says(consortium):
     c = consortium
     impostor = _site(c, "UM", "NYU")  # NYU's key, says it is UM
-    events = _wait(lambda: [e for e in _events(c["workdir"]) if e["event"] == "site-refused"],
+    events = _wait(lambda: [e for e in _events(c["workdir"]) if isinstance(e, SiteRefused)],
                    240, "the impostor's refusal", c["server"])
-    assert "holds the key of site 'NYU'" in events[0]["reason"]
-    assert not [e for e in _events(c["workdir"]) if e["event"] in ("joined", "rejoined")]
+    assert "holds the key of site 'NYU'" in events[0].reason
+    assert not [e for e in _events(c["workdir"]) if isinstance(e, Joined)]  # or Rejoined
     terminate_tree(impostor.pid, signal.SIGTERM, 10.0)
     _site(c, "NYU", "NYU")
     _site(c, "UM", "UM")
     assert c["server"].wait(timeout=400) == 0, (c["root"] / "server.log").read_text()[-3000:]
     results = json.loads((c["workdir"] / "results.json").read_text())
     assert set(results["final"]) == {"NYU", "UM"}
-    joined = {e["site"]: e["node"] for e in _events(c["workdir"]) if e["event"] == "joined"}
+    joined = {e.site: e.node for e in _events(c["workdir"]) if type(e) is Joined}
     assert set(joined) == {"NYU", "UM"}
 
 
@@ -170,7 +180,7 @@ def test_sigterm_stops_every_process_of_the_server(tmp_path, small_cohort):
                      "--tracking-uri", sqlite_store(tmp_path / "mlflow.db"), "--quiet"],
                     tmp_path / "server.log")
     try:
-        _wait(lambda: any(e["event"] == "server-started"
+        _wait(lambda: any(isinstance(e, ServerStarted)
                           for e in _events(tmp_path / "server")), 180, "the ServerApp", server)
         family = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(True))]
         assert len(family) >= 4  # SuperLink, gate, flwr run, SuperExec/ServerApp
@@ -225,12 +235,12 @@ def test_bad_numbers_from_a_site_are_refused_and_rounds_go_on(keyed_fed):
     # default min-sites: a majority of NYU, UM, USM
     results, events = _keyed_run(k, "lies", ("NYU", "UM", "USM"), 3)
     assert "error" not in results, results
-    refused = {e["round"]: e["reason"] for e in events if e["event"] == "update-refused"}
+    refused = {e.round: e.reason for e in events if isinstance(e, UpdateRefused)}
     assert set(refused) == {1, 2, 3}, events
     assert "num-examples inf" in refused[1] and "num-examples -5" in refused[2]
     assert "names a metric 'bad metric!'" in refused[3]
-    trained = [e for e in events if e["event"] == "trained"]
-    assert [e["sites"] for e in trained] == [["NYU", "UM"]] * 3
+    trained = [e for e in events if isinstance(e, Trained)]
+    assert [e.sites for e in trained] == [["NYU", "UM"]] * 3
     assert set(results["final"]) >= {"NYU", "UM"}
     # the MLflow store took every round of the honest sites
     from mlflow.tracking import MlflowClient
@@ -243,7 +253,7 @@ def test_bad_numbers_from_a_site_are_refused_and_rounds_go_on(keyed_fed):
     for site in ("UCLA", "LURKER"):
         assert "faulty node got" not in (k["root"] / f"{site}.log").read_text(), site
     # nor waited for: no round stood still for a query's timeout (5 s)
-    times = [e["t"] for e in trained]
+    times = [e.t for e in trained]
     assert max(b - a for a, b in zip(times, times[1:])) < 5.0, times
 
 
@@ -259,9 +269,9 @@ def test_round_timeout_bounds_a_site_that_never_answers(keyed_fed):
     results, events = _keyed_run(k, "silent", ("NYU", "UCLA"), 1, round_timeout=3.0,
                                  min_sites=1)
     assert "error" not in results, results
-    (trained,) = [e for e in events if e["event"] == "trained"]
-    assert trained["missing"] == ["UCLA"] and trained["sites"] == ["NYU"]
-    assert 3.0 <= trained["seconds"] < 15.0
+    (trained,) = [e for e in events if isinstance(e, Trained)]
+    assert trained.missing == ["UCLA"] and trained.sites == ["NYU"]
+    assert 3.0 <= trained.seconds < 15.0
     assert "faulty node got a train message" in (k["root"] / "UCLA.log").read_text()
 
 
@@ -285,13 +295,13 @@ def test_a_reply_is_bounded_in_time_bytes_and_objects_before_it_is_read(small_co
         finally:
             stop_nodes([hostile], grace=2.0)
     assert "error" not in results, results
-    trained = [e for e in events if e["event"] == "trained"]
-    assert [e["round"] for e in trained] == [1, 2, 3]
+    trained = [e for e in events if isinstance(e, Trained)]
+    assert [e.round for e in trained] == [1, 2, 3]
     for event in trained:
-        assert event["missing"] == ["UCLA"] and event["sites"] == ["NYU"], event
-        assert event["seconds"] < 4.0 + 10.0, event
-    refused = {e["round"]: e["reason"] for e in events
-               if e["event"] == "update-refused" and e["site"] == "UCLA"}
+        assert event.missing == ["UCLA"] and event.sites == ["NYU"], event
+        assert event.seconds < 4.0 + 10.0, event
+    refused = {e.round: e.reason for e in events
+               if isinstance(e, UpdateRefused) and e.site == "UCLA"}
     assert "not all uploaded within 4 s" in refused[1], refused
     assert "bytes a reply may hold" in refused[2], refused
     assert "objects, more than the" in refused[3], refused
@@ -311,8 +321,8 @@ def test_a_site_refuses_a_run_that_would_take_its_private_layers(keyed_fed, tmp_
     k = keyed_fed
     results, events = _keyed_run(k, "f-1", ("NYU",), 1, strategy="fedavg", wait_timeout=20.0)
     assert "error" in results, results
-    errors = [e for e in events if e["event"] == "site-error"]
-    assert errors and "refuses strategy 'fedavg'" in errors[0]["reason"]
+    errors = [e for e in events if isinstance(e, SiteError)]
+    assert errors and "refuses strategy 'fedavg'" in errors[0].reason
     # nothing of this run was written at the site (its runs' states lie by federation id)
     sites = k["fed"].workdir / "sites"
     assert not list(sites.glob("f-1*")) and not list(sites.rglob("f-1/*.safetensors"))

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from fedbn_med.federation.config import ServerSettings, run_config
+from fedbn_med.federation.events import Event, Trained
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.spec import RunSpec
 
@@ -82,7 +83,7 @@ def network():
 def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path):
     server_ns, site_ns = network
     config = RunSpec(strategy="fedbn", rounds=12, sites=SITES, data_dir=small_cohort)
-    events = []
+    events: list[Event] = []
     cut = {}
     # the server namespace is new and empty: any port is free there
     with LocalFederation(tmp_path / "fed", host=f"{SUBNET}.1", port=free_port(),
@@ -95,11 +96,11 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
 
         def on_event(event):
             events.append(event)
-            if event["event"] == "trained" and event["round"] == 2 and not cut:
+            if isinstance(event, Trained) and event.round == 2 and not cut:
                 _ip("link", "set", "up1", "down", ns=server_ns)  # UM's cable is pulled
                 cut["at"] = time.monotonic()
-            elif cut and "restored" not in cut and event["event"] == "trained" \
-                    and "UM" in event["missing"]:
+            elif cut and "restored" not in cut and isinstance(event, Trained) \
+                    and "UM" in event.missing:
                 _ip("link", "set", "up1", "up", ns=server_ns)
                 cut["restored"] = time.monotonic()
 
@@ -115,9 +116,9 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
             raise AssertionError(f"{err}\n{logs}") from err
 
     assert "restored" in cut, "the cut showed as a round without UM"
-    rounds = [e for e in events if e["event"] == "trained"]
-    assert [e["round"] for e in rounds] == list(range(1, 13))
-    back = [e["round"] for e in rounds if "UM" in e["sites"] and
-            e["round"] > min(r["round"] for r in rounds if "UM" in r["missing"])]
+    rounds = [e for e in events if isinstance(e, Trained)]
+    assert [e.round for e in rounds] == list(range(1, 13))
+    back = [e.round for e in rounds if "UM" in e.sites and
+            e.round > min(r.round for r in rounds if "UM" in r.missing)]
     assert back, "UM took part again after its link came back"
     assert set(results["final"]) == set(SITES)

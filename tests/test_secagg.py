@@ -17,6 +17,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
+from fedbn_med.federation.events import Event, Round, Trained, UpdateRefused
 from fedbn_med.federation.launcher import LocalFederation
 from fedbn_med.federation.secagg import check_outgoing, secagg_gate
 from fedbn_med.federation.server.secagg import sum_reason, threshold
@@ -159,7 +160,7 @@ def _submit(fed, config, tmp_path, **server):
         "workdir": tmp_path, "tracking_uri": sqlite_store(tmp_path / "mlflow.db"),
         "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
-    events: list[dict] = []
+    events: list[Event] = []
     return fed.watch(run, on_event=events.append, timeout=240, results_dir=tmp_path), events
 
 
@@ -176,9 +177,9 @@ def test_secagg_fedbn_reaches_the_plain_fedbn_model_from_masked_vectors_only(
     wire = bytes(federation.wiretap.sent)
 
     assert "error" not in result, result
-    trained = [e for e in events if e["event"] == "trained"]
-    assert [e["sites"] for e in trained] == [list(SITES)]
-    assert trained[0]["shares"] == {} and trained[0]["norms"] == {}  # no one update seen
+    trained = [e for e in events if isinstance(e, Trained)]
+    assert [e.sites for e in trained] == [list(SITES)]
+    assert trained[0].shares == {} and trained[0].norms == {}  # no one update seen
     torch.set_num_threads(1)
     plain = run_spec(config)[0].global_weights  # plain FedBN, the in-process driver
     secure, _ = load_tensors(tmp_path / "server" / "global.safetensors")
@@ -205,12 +206,12 @@ def test_a_site_dropping_out_mid_round_leaves_the_sum_of_the_others(
     result, events = _submit(federation, config, tmp_path, secagg=True, round_timeout=10.0)
 
     assert "error" not in result, result
-    trained = [e for e in events if e["event"] == "trained"]
-    assert [e["sites"] for e in trained] == [sorted((*SITES, "UCLA")), sorted(SITES)]
-    assert trained[1]["missing"] == ["UCLA"]
+    trained = [e for e in events if isinstance(e, Trained)]
+    assert [e.sites for e in trained] == [sorted((*SITES, "UCLA")), sorted(SITES)]
+    assert trained[1].missing == ["UCLA"]
     # the masks of UCLA were removed from its shares: the sum's total weight matched the
     # three sites' counts, and nothing was refused
-    assert not [e for e in events if e["event"] == "update-refused"], events
+    assert not [e for e in events if isinstance(e, UpdateRefused)], events
     weights, _ = load_tensors(tmp_path / "server" / "global.safetensors")
     assert all(bool(torch.isfinite(v).all()) and float(v.abs().max()) < 8 for v in
                weights.values())
@@ -262,8 +263,8 @@ def test_hospital_mode_secagg_checks_the_sum_against_the_registered_counts(keyed
     # no counts registered: the sum's weight is checked against what the sites reported
     results, events, _ = run_federation(keyed, "claimed", spec, timeout=180, secagg=True)
     assert "error" not in results, results
-    (row,) = [e for e in events if e["event"] == "round"]
-    counts = {site: int(row["sites"][site]["num_examples"]) for site in SITES}
+    (row,) = [e for e in events if isinstance(e, Round)]
+    counts = {site: int(row.sites[site]["num_examples"]) for site in SITES}
     # the smallest site weighs itself with its own count, 50 more than the consortium
     # registered (the largest would refuse: its count is above the round's scale)
     liar = min(counts, key=counts.__getitem__)
@@ -271,7 +272,7 @@ def test_hospital_mode_secagg_checks_the_sum_against_the_registered_counts(keyed
     results, events, _ = run_federation(keyed, "registered", spec, timeout=180, secagg=True,
                                         registered_counts=registered)
     assert "error" in results
-    refused = [e["reason"] for e in events if e["event"] == "update-refused"]
+    refused = [e.reason for e in events if isinstance(e, UpdateRefused)]
     expected = sum(registered.values())
     assert len(refused) == len(SITES) and all(
         f"the round's SecAgg sum is refused: its total weight is {expected + 50}" in r

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from fedbn_med.federation.events import Trained, append_event
+from fedbn_med.federation.events import Done, Event, Trained, append_event
 from fedbn_med.federation.launcher import FederationError, free_port
 from fedbn_med.federation.launcher.progress import ProgressTail, SubmittedRun, follow
 from fedbn_med.federation.launcher.supervisor import Supervisor
@@ -86,10 +86,10 @@ def test_follow_hands_on_every_event_written_before_the_run_ends(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path / "progress.jsonl")])
     run = SubmittedRun(proc=proc, name="run-1", results_dir=tmp_path, progress_from=offset,
                        submitted=time.time())
-    events: list[dict] = []
+    events: list[Event] = []
     assert follow(run, on_event=events.append, timeout=60) == {"rounds": 3}
-    assert [e["event"] for e in events] == ["trained"] * 3 + ["done"]
-    assert [e["round"] for e in events[:3]] == [1, 2, 3]
+    assert [type(e) for e in events] == [Trained] * 3 + [Done]
+    assert [e.round for e in events if isinstance(e, Trained)] == [1, 2, 3]
 
     # a run that ended without Done failed, and says why from its log
     append_event(tmp_path / "progress.jsonl",

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -374,11 +374,14 @@ def shorten(reason: str) -> str:
     return reason if len(reason) <= _REASON_MAX else reason[:_REASON_MAX] + " [...]"
 
 
-def read_events(lines: Iterable[str | bytes], strict: bool = True) -> Iterator[Event]:
-    """Decode events from lines (a pipe or a file), skipping blank ones."""
-    for line in lines:
-        if line.strip():
-            yield decode(line, strict=strict)
+def read_events(source: Path | Iterable[str | bytes], strict: bool = True) -> list[Event]:
+    """Return the events of a JSON-lines file (a run's ``progress.jsonl``) or of lines.
+
+    Blank lines are skipped. Pass ``strict=False`` to read as the launcher follows a run:
+    an event whose fields do not fit its class (a newer writer) comes back as :class:`Unknown`.
+    """
+    lines = Path(source).read_text().splitlines() if isinstance(source, Path) else source
+    return [decode(line, strict=strict) for line in lines if line.strip()]
 
 
 def append_event(path: Path, event: Event) -> None:

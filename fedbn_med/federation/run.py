@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from fedbn_med.evaluation.report import progress_postfix
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
+from fedbn_med.federation.events import Event, Ready, Round, SiteError, SiteRefused, UpdateRefused
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
 from fedbn_med.federation.names import is_loopback
 from fedbn_med.federation.site_console import SiteConsole
@@ -89,19 +90,19 @@ class _Progress:
     def __init__(self, total: int, label: str, enabled: bool) -> None:
         self.bar = tqdm(total=total, desc=label, unit="round", disable=not enabled,
                         dynamic_ncols=True)
-        self.events: list[dict] = []
+        self.events: list[Event] = []
 
-    def __call__(self, event: dict) -> None:
+    def __call__(self, event: Event) -> None:
         self.events.append(event)
-        kind = event.get("event")
-        if kind == "ready":
-            self.bar.write(f"sites ready: {', '.join(event['sites'])}")
-        elif kind == "round":
-            self.bar.set_postfix(progress_postfix(event["sites"]))
-            self.bar.update(int(event["round"]) - self.bar.n)
-        elif kind in ("update-refused", "site-refused", "site-error"):
-            self.bar.write(f"warning: {event.get('site', event.get('node'))}: "
-                           f"{event.get('reason')}")
+        if isinstance(event, Ready):
+            self.bar.write(f"sites ready: {', '.join(event.sites)}")
+        elif isinstance(event, Round):
+            self.bar.set_postfix(progress_postfix(event.sites))
+            self.bar.update(int(event.round) - self.bar.n)
+        elif isinstance(event, (UpdateRefused, SiteRefused)):
+            self.bar.write(f"warning: {event.site}: {event.reason}")
+        elif isinstance(event, SiteError):
+            self.bar.write(f"warning: {event.node}: {event.reason}")
 
     def note(self, text: str) -> None:
         # Shown with --quiet too (tqdm writes a line past a disabled bar): what the

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import fedbn_med.federation.launcher.flower_cli as flower_cli
 from fedbn_med.federation.config import NodeSettings, seal_run_config
-from fedbn_med.federation.events import HostReady
+from fedbn_med.federation.events import Event, HostReady
 from fedbn_med.federation.launcher import fleet_gate
 from fedbn_med.federation.launcher.flower_cli import TlsFiles
 from fedbn_med.federation.launcher.processes import (
@@ -294,12 +294,12 @@ class LocalFederation:
         return SubmittedRun(proc=proc, name=name, results_dir=results_dir,
                             progress_from=offset, submitted=submitted)
 
-    def watch(self, run: SubmittedRun, on_event: Callable[[dict], None] | None = None,
+    def watch(self, run: SubmittedRun, on_event: Callable[[Event], None] | None = None,
               timeout: float = 3600.0, results_dir: Path | None = None) -> dict:
         """Follow the run's progress events until it ends; return its results.
 
-        ``on_event`` gets each event of the run's ``progress.jsonl`` as a dict (see
-        :meth:`fedbn_med.federation.events.Event.as_dict`). The run succeeded when the
+        ``on_event`` gets each event of the run's ``progress.jsonl``, typed (see
+        :func:`~fedbn_med.federation.launcher.progress.follow`). The run succeeded when the
         server reported :class:`~fedbn_med.federation.events.Done`. ``results_dir``, when
         given, must be the one the run was submitted with.
         """

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from fedbn_med.federation.events import Done, RunFailed, decode
+from fedbn_med.federation.events import Done, Event, RunFailed, decode
 from fedbn_med.federation.launcher.processes import FederationError
 
 __all__ = ["ProgressTail", "SubmittedRun", "follow"]
@@ -106,11 +106,15 @@ class SubmittedRun:
         return self.proc.poll()
 
 
-def follow(run: SubmittedRun, *, on_event: Callable[[dict], None] | None = None,
+def follow(run: SubmittedRun, *, on_event: Callable[[Event], None] | None = None,
            timeout: float = 3600.0, server_gone: Callable[[], str | None] = lambda: None,
            log_tail: Callable[[str, int], str] = lambda name, lines: "",
            every: float = 0.1) -> dict:
     """Hand each progress event of ``run`` to ``on_event`` until it ends; return its results.
+
+    ``on_event`` gets the typed :class:`~fedbn_med.federation.events.Event`; a line of an
+    unknown kind, or whose fields do not fit its class, comes as
+    :class:`~fedbn_med.federation.events.Unknown`.
 
     ``server_gone`` returns why the server can no longer finish the run (None while it
     can); ``log_tail`` gives the end of a process's log for an error message.
@@ -134,7 +138,7 @@ def follow(run: SubmittedRun, *, on_event: Callable[[dict], None] | None = None,
                 done = event if isinstance(event, Done) else done
                 failed = event if isinstance(event, RunFailed) else failed
                 if on_event is not None:
-                    on_event(event.as_dict())
+                    on_event(event)
             if ended:
                 break
             if time.monotonic() > deadline:
