@@ -1,8 +1,8 @@
 """Resolve where fedbn_med keeps its data, the way nilearn does.
 
 The data directory is taken from, in order: the argument, the environment variable
-``FEDBN_MED_DATA``, then ``~/fedbn_med_data``. Nothing here depends on the current
-working directory.
+``FEDBN_MED_DATA``, then ``~/fedbn_med_data``; it never depends on the current working
+directory. The default MLflow store does (:func:`default_tracking_uri`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["DATA_ENV_VAR", "DEFAULT_DATA_DIR", "repo_root", "resolve_data_dir"]
+__all__ = ["DATA_ENV_VAR", "DEFAULT_DATA_DIR", "default_tracking_uri", "repo_root",
+           "resolve_data_dir"]
 
 DATA_ENV_VAR = "FEDBN_MED_DATA"
 DEFAULT_DATA_DIR = "~/fedbn_med_data"
@@ -62,3 +63,19 @@ def repo_root() -> Path:
         The parent of the package directory (the repository root in a source checkout).
     """
     return Path(__file__).resolve().parent.parent
+
+
+def default_tracking_uri() -> str:
+    """Return ``$MLFLOW_TRACKING_URI``, else the sqlite store ``mlflow/mlflow.db`` here.
+
+    Here is the working directory (in a clone, its root), never the installed package.
+    It lives here, not in :mod:`fedbn_med.tracking`, so that naming the store does not
+    import MLflow: a command imports it on its tracking thread, beside the training.
+    """
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    store = Path.cwd() / "mlflow"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import subprocess
 import tempfile
 import time
@@ -28,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
 import mlflow
-from fedbn_med.paths import repo_root
+from fedbn_med.paths import default_tracking_uri, repo_root
 
 __all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
            "end_status", "read_sites_per_round", "runs_page", "tracked", "warm_up"]
@@ -53,19 +52,6 @@ def read_sites_per_round(tracking_uri: str, run_id: str) -> dict[int, list[str]]
             run_id, SITES_PER_ROUND, tmp)).read_text()
     rows = (line.partition(",") for line in text.splitlines()[1:])
     return {int(rnd): sites.split() for rnd, _, sites in rows}
-
-
-def default_tracking_uri() -> str:
-    """Return ``$MLFLOW_TRACKING_URI``, else the sqlite store ``mlflow/mlflow.db`` here.
-
-    Here is the working directory (in a clone, its root), never the installed package.
-    """
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    store = Path.cwd() / "mlflow"
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store / 'mlflow.db'}"
 
 
 def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from fedbn_med.cli import main
@@ -63,3 +67,17 @@ def test_sites_dir_points_every_process_at_a_folder_of_ones_own(tmp_path, monkey
     import os
 
     assert os.environ["FEDBN_MED_SITES"] == str(tmp_path)
+
+
+def test_the_default_store_is_named_without_importing_mlflow(tmp_path, monkeypatch):
+    # the CLI names the store on its main thread; MLflow loads on the tracking thread
+    code = ("import sys; from fedbn_med.paths import default_tracking_uri; "
+            "print(default_tracking_uri()); print('mlflow' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}", "False"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    from fedbn_med.paths import default_tracking_uri
+
+    assert default_tracking_uri() == "sqlite:///elsewhere.db"

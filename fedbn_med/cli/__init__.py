@@ -81,8 +81,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from fedbn_med.paths import default_tracking_uri
     from fedbn_med.tasks import get_task
-    from fedbn_med.tracking import default_tracking_uri
 
     spec = spec_from_args(args)  # validates every setting, and lists the valid values
     task = get_task(spec.task)
