@@ -118,6 +118,8 @@ class FederationTracker:
         Where the store is; defaults to :func:`default_tracking_uri`.
     parent_run_id : str, optional
         Resume this parent run (and its child runs) instead of creating new ones.
+    start_time : int, optional
+        When the federation began (ms since the epoch), if before its runs are made.
     """
 
     def __init__(
@@ -130,7 +132,9 @@ class FederationTracker:
         tracking_uri: str | None = None,
         parent_run_id: str | None = None,
         tags: Mapping[str, str] | None = None,
+        start_time: int | None = None,
     ) -> None:
+        self.start_time = start_time  # ms since the epoch: when the run began (None: now)
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.experiment_id = self._experiment(experiment)
@@ -146,7 +150,7 @@ class FederationTracker:
                         "numerics": _numerics(), "sites": ",".join(self.sites),
                         "kind": "federation", **(tags or {})}
             parent = self.client.create_run(self.experiment_id, tags=run_tags,
-                                            run_name=run_name)
+                                            run_name=run_name, start_time=start_time)
             self.parent_id = parent.info.run_id
             self.client.log_batch(
                 self.parent_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()]
@@ -185,6 +189,7 @@ class FederationTracker:
         """Create the child run of a site (also for a site that joins later)."""
         run = self.client.create_run(
             self.experiment_id, run_name=f"site-{site}",
+            start_time=self.start_time if first_round == 1 else None,  # a late site: now
             tags={"mlflow.parentRunId": self.parent_id, "site": site,
                   "first_round": str(first_round), "kind": "site"},
         )
@@ -333,6 +338,7 @@ def tracked(
     tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    start_time: int | None = None,
 ) -> Iterator[FederationTracker]:
     """Open a :class:`FederationTracker` and close its runs however the block ends.
 
@@ -347,7 +353,7 @@ def tracked(
             tracker.log_round(1, {"UCLA": {"test_accuracy": 0.6}})
     """
     tracker = FederationTracker(experiment, run_name, params, sites, tracking_uri=tracking_uri,
-                                parent_run_id=parent_run_id, tags=tags)
+                                parent_run_id=parent_run_id, tags=tags, start_time=start_time)
     try:
         yield tracker
     except BaseException as err:

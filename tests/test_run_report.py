@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -194,6 +195,7 @@ def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = RunSpec.for_task("abide", rounds=3, sites=("NYU", "UM"), data_dir=small_cohort,
                             device="cpu")
+    before = int(time.time() * 1000)
     out = run_tracked(spec, tracking_uri=store)
     assert out["selected_round"] == best_round(out["rows"]) and out["last_round"] == 3
     assert out["selected"] == metrics_at(out["rows"], out["selected_round"])
@@ -208,6 +210,11 @@ def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path)
     table, said = out["table"].rsplit("|\n", 1)
     assert parent.data.tags["mlflow.note.content"] == f"{said.strip()}\n\n{table}|\n"
     assert said.strip().startswith(f"Round {out['selected_round']} of 3 selected")
+    # the runs start when the run did, not when MLflow's thread got to making them
+    assert before <= parent.info.start_time <= before + 1500
+    children = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    assert {r.info.start_time for r in children} == {parent.info.start_time}
     np.testing.assert_array_equal(sorted(out["selected"]), ["NYU", "UM"])
 
 

@@ -79,12 +79,16 @@ def run_tracked(spec: RunSpec, *, tracking_uri: str | None = None, progress: boo
 
     task = get_task(spec.task)
     # MLflow opens its store (seconds: importing it, creating a new sqlite database) and
-    # takes the rounds on a thread of its own while the sites build and train.
+    # takes the rounds on a thread of its own while the sites build and train; the runs
+    # start when the run did, however late the thread makes them.
+    started = int(time.time() * 1000)
+
     def open_runs() -> AbstractContextManager[FederationTracker]:
         from fedbn_med.tracking import tracked  # imports MLflow: on the record's thread
 
         return tracked(task.experiment, spec.label, {**spec.params(), "engine": "inprocess"},
-                       spec.sites, tracking_uri=tracking_uri, tags={"task": spec.task})
+                       spec.sites, tracking_uri=tracking_uri, tags={"task": spec.task},
+                       start_time=started)
 
     record = _Record(open_runs)
     try:
