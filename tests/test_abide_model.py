@@ -32,9 +32,35 @@ def test_same_seed_same_weights_and_outputs_as_the_plain_mlp(dropout):
     assert torch.equal(model.train()(x), y_plain)
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_the_networks_are_monais_adn_layout_to_the_initial_weight(dropout: float) -> None:
+    # built from torch alone (importing MONAI costs an ABIDE process seconds), they are the
+    # networks MONAI's ADN blocks made: the same modules, keys and initial weights
+    def adn(channels: int, **kw: object) -> ADN:
+        return ADN(in_channels=channels, norm_dim=1, dropout=dropout or None, dropout_dim=1,
+                   **kw)
+
+    torch.manual_seed(0)
+    monai_mlp = torch.nn.Sequential(
+        torch.nn.Linear(40, 16), adn(16, ordering="NAD", act="relu", norm="batch"),
+        torch.nn.Linear(16, 16), adn(16, ordering="NAD", act="relu", norm="batch"),
+        torch.nn.Linear(16, 2))
+    torch.manual_seed(1)
+    monai_linear = torch.nn.Sequential(
+        adn(40, ordering="ND", norm=("batch", {"affine": False})), torch.nn.Linear(40, 2))
+    torch.manual_seed(0)
+    ours_mlp = AbideMLP(40, dropout=dropout).net
+    torch.manual_seed(1)
+    ours_linear = AbideLinear(40, dropout=dropout).net
+    for theirs, ours in ((monai_mlp, ours_mlp), (monai_linear, ours_linear)):
+        assert repr(theirs).replace("ADN(", "Sequential(") == repr(ours)
+        a, b = theirs.state_dict(), ours.state_dict()
+        assert list(a) == list(b)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_bn_of_the_adn_blocks_found_by_type():
     model = AbideMLP(100)
-    assert sum(isinstance(m, ADN) for m in model.modules()) == 2
     private = partition_model(model).private
     assert {k.rsplit(".", 1)[0] for k in private} == {"net.1.N", "net.3.N"}
     assert len(private) == 10

@@ -114,7 +114,7 @@ class FederationServer:
 
     # -- set-up --------------------------------------------------------------------------
     def _build_model(self) -> None:
-        # The task's network (for ABIDE, MONAI blocks: seconds of imports) is built while
+        # The task's network (an imaging task's: MONAI, seconds of imports) is built while
         # the sites connect, since only the rounds need it.
         model = self.task.build_server_model(self.config, self.input_shape)
         self.partition = partition_model(model)

@@ -1,8 +1,16 @@
-"""The ABIDE networks, built from MONAI blocks: the FedBN paper's MLP, and a linear model."""
+"""The ABIDE networks: the FedBN paper's MLP, and a linear model.
+
+Their normalisation blocks have the layout of MONAI's ``ADN`` (a ``Sequential`` whose
+children are named ``N``, ``A`` and ``D``: the same module types, names and state-dict
+keys), built from torch alone: importing MONAI costs every process that trains ABIDE
+about 3 s (it loads all of MONAI, MLflow included), a third of the main job's set-up,
+for two lines of torch. The imaging tasks use MONAI's networks themselves.
+"""
 
 from __future__ import annotations
 
-from monai.networks.blocks import ADN
+from collections import OrderedDict
+
 from torch import nn
 
 __all__ = ["AbideLinear", "AbideMLP"]
@@ -11,9 +19,9 @@ __all__ = ["AbideLinear", "AbideMLP"]
 class AbideMLP(nn.Module):
     """Classify a connectivity vector: in -> 16 -> 16 -> 2.
 
-    Each hidden linear layer is followed by a MONAI :class:`~monai.networks.blocks.ADN`
-    block with ``norm="batch"`` (BatchNorm1d, then ReLU, then dropout), as in the FedBN
-    paper's ABIDE experiment. These BN layers are what FedBN keeps at each site; they are
+    Each hidden linear layer is followed by a block laid out as MONAI's ``ADN`` with
+    ``ordering="NAD"`` (BatchNorm1d, then ReLU, then dropout), as in the FedBN paper's
+    ABIDE experiment. These BN layers are what FedBN keeps at each site; they are
     found by type (:mod:`fedbn_med.fl.partition`), so their names (``net.1.N``, ``net.3.N``)
     do not matter.
 
@@ -49,18 +57,27 @@ class AbideMLP(nn.Module):
         return self.net(x)
 
 
-def _adn(channels: int, dropout: float) -> ADN:
-    """Return BatchNorm1d -> ReLU -> dropout as one MONAI block."""
-    return ADN(ordering="NAD", in_channels=channels, act="relu", norm="batch", norm_dim=1,
-               dropout=dropout or None, dropout_dim=1)
+def _adn(channels: int, dropout: float, *, act: bool = True, affine: bool = True
+         ) -> nn.Sequential:
+    """Return BatchNorm1d -> ReLU -> dropout, named as MONAI's ADN names them (N, A, D).
+
+    No ReLU when not ``act``, no dropout module when ``dropout`` is 0 (as ADN leaves out
+    what it is not given); ``affine=False``: a BN layer without scale and shift.
+    """
+    layers: list[tuple[str, nn.Module]] = [("N", nn.BatchNorm1d(channels, affine=affine))]
+    if act:
+        layers.append(("A", nn.ReLU()))
+    if dropout:
+        layers.append(("D", nn.Dropout(dropout)))
+    return nn.Sequential(OrderedDict(layers))
 
 
 class AbideLinear(nn.Module):
     """Classify a connectivity vector with one linear layer on batch-normalised features.
 
     ``in -> BatchNorm1d -> dropout -> 2``: a logistic regression whose inputs are
-    standardised by a BN layer without scale and shift (a MONAI
-    :class:`~monai.networks.blocks.ADN` block with ``norm="batch"``, ``affine=False``).
+    standardised by a BN layer without scale and shift (a block laid out as MONAI's
+    ``ADN`` with ``ordering="ND"``, ``affine=False``).
     Under FedBN that layer's running statistics stay at their site, so each site's
     features are centred and scaled by its own statistics before the shared weights see
     them; under FedAvg they are averaged like every other tensor. Having no scale, the
@@ -83,8 +100,7 @@ class AbideLinear(nn.Module):
         _check_sizes(in_features, dropout)
         self.in_features = in_features
         self.net = nn.Sequential(
-            ADN(ordering="ND", in_channels=in_features, norm=("batch", {"affine": False}),
-                norm_dim=1, dropout=dropout or None, dropout_dim=1),
+            _adn(in_features, dropout, act=False, affine=False),
             nn.Linear(in_features, num_classes),
         )
 

@@ -1,10 +1,12 @@
-"""MONAI-style transforms of the ABIDE feature chain: sliding windows, tangent space.
+"""Transforms of the ABIDE feature chain: sliding windows, tangent space.
 
 The published federated ABIDE pipeline (Li et al., Medical Image Analysis 2020, which the
 FedBN paper's ABIDE set-up follows) augments the data by cutting each subject's ROI
 time series into overlapping windows of 32 volumes and computing one correlation matrix
-per window. :class:`SlidingWindowConnectivity` is that step as a MONAI
-:class:`~monai.transforms.Transform`: one subject's ``(n_volumes, n_rois)`` series in,
+per window. :class:`SlidingWindowConnectivity` is that step as a transform in MONAI's
+sense (a callable; MONAI's ``Compose`` takes it as it is, without this module importing
+MONAI, which would cost every ABIDE process seconds): one subject's
+``(n_volumes, n_rois)`` series in,
 ``(n_windows, n_rois * (n_rois - 1) / 2)`` Fisher-z features out, through the same
 :func:`~fedbn_med.tasks.abide.data.connectivity_features` as the whole-series features.
 
@@ -31,7 +33,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-from monai.transforms import Transform
 
 from fedbn_med.tasks.abide.data import (
     SiteFeatures,
@@ -46,7 +47,7 @@ __all__ = ["SlidingWindowConnectivity", "TangentConnectivity", "tangent_rows", "
 logger = logging.getLogger(__name__)
 
 
-class SlidingWindowConnectivity(Transform):
+class SlidingWindowConnectivity:
     """Turn one subject's ROI series into one connectivity vector per sliding window.
 
     Parameters
@@ -202,7 +203,7 @@ def _compute_window_rows(data_dir: str, site: str, site_ids: tuple[str, ...],
     return rows, subject
 
 
-class TangentConnectivity(Transform):
+class TangentConnectivity:
     """Map subjects' covariances into the tangent space at a reference fitted on others.
 
     Each subject's covariance is the Ledoit-Wolf shrinkage estimate of its z-scored
