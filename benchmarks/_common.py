@@ -1,7 +1,7 @@
 """Shared plumbing of the benchmark scripts: arguments, runs, summaries, outputs, MLflow.
 
 Every script in ``benchmarks/`` parses the same options (:func:`make_parser`), runs its
-grid of federations with :func:`run` under a progress bar (:meth:`Benchmark.progress`;
+grid of federations with :func:`fedbn_med.run` under a progress bar (:meth:`Benchmark.progress`;
 the grid "axis x strategies x cells" is :func:`_sweep.sweep`'s) and hands one markdown
 table (:func:`markdown_table`), its rows and a plot (:mod:`_plots`) to
 :meth:`Benchmark.publish`, which writes ``table.md``, ``table.csv`` and ``plot.png`` into
@@ -30,16 +30,16 @@ from fedbn_med.cli.argtypes import positive_int
 from fedbn_med.evaluation.tables import markdown_table
 
 if TYPE_CHECKING:
+    from fedbn_med.api.result import FederationResult
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks import Task
     from fedbn_med.tasks.abide.sites import SiteConfig
-    from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
 
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
     "curve", "float_list", "format_mean_std", "make_parser", "markdown_table", "mean_std",
-    "prepare_all", "run", "selected", "site_mean", "strategy_config",
+    "prepare_all", "selected", "site_mean", "strategy_config",
 ]
 
 BENCHMARK_DIR = Path(__file__).resolve().parent
@@ -329,32 +329,6 @@ def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> RunSpec:
     return bench.config(strategy=strategy, mu=mu, **changes)
 
 
-def run(config: RunSpec, datas: Mapping[str, SiteData] | None = None,
-        sites: Mapping[str, SiteConfig] | None = None) -> History:
-    """Run one federation in this process, on given (e.g. subsampled) site data if any.
-
-    The sites are built and run by :func:`fedbn_med.training.inprocess.build_federation`
-    (the task's ``build_site``, its ``build_pooled`` for the Centralized baseline, every
-    round setting of ``config``); the rounds are the driver's, hence
-    :mod:`fedbn_med.fl.rounds`, as in every engine.
-
-    Parameters
-    ----------
-    config : RunSpec
-        The run's settings.
-    datas : mapping of site name to SiteData, optional
-        Replaces each site's prepared splits (the task's ``site_data``); when omitted,
-        each site's ``build_site`` prepares them from ``config``.
-    sites : mapping of site name to SiteConfig, optional
-        Only its names matter (which sites run); ``config.sites`` when omitted.
-    """
-    from fedbn_med.training.inprocess import build_federation
-
-    if sites is not None and tuple(sites) != config.sites:
-        config = config.replace(sites=tuple(sites))
-    return build_federation(config, datas).run()
-
-
 def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None
                 ) -> dict[str, SiteData]:
     """Return every site's splits for the configuration's fold (the task's ``site_data``)."""
@@ -372,16 +346,16 @@ def _task(config: RunSpec) -> Task:
 
 
 # -- summaries ------------------------------------------------------------------------------
-def site_mean(history: History, metric: str = "test_accuracy", rnd: int | None = None
-              ) -> float:
+def site_mean(history: FederationResult, metric: str = "test_accuracy",
+              rnd: int | None = None) -> float:
     """Return the mean over sites of a metric at a round (default: the last)."""
-    rnd = history.rounds if rnd is None else rnd
+    rnd = history.last_round if rnd is None else rnd
     vals = [float(r[metric]) for r in history.rows
             if int(r["round"]) == rnd and metric in r and not math.isnan(float(r[metric]))]
     return float(np.mean(vals)) if vals else math.nan
 
 
-def selected(history: History, metric: str = "test_balanced_accuracy") -> float:
+def selected(history: FederationResult, metric: str = "test_balanced_accuracy") -> float:
     """Return the mean over sites of a metric at the run's selected round.
 
     The selected round is the one with the lowest mean validation loss
@@ -393,9 +367,10 @@ def selected(history: History, metric: str = "test_balanced_accuracy") -> float:
     return site_mean(history, metric, best_round(history.rows))
 
 
-def curve(history: History, metric: str = "test_accuracy") -> np.ndarray:
+def curve(history: FederationResult, metric: str = "test_accuracy") -> np.ndarray:
     """Return the mean over sites of a metric at each round 1..R."""
-    return np.array([site_mean(history, metric, rnd) for rnd in range(1, history.rounds + 1)])
+    return np.array([site_mean(history, metric, rnd)
+                     for rnd in range(1, history.last_round + 1)])
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:

@@ -26,18 +26,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
-from _common import N_FOLDS, Benchmark, run
+from _common import N_FOLDS, Benchmark
 from _plots import bar_plot
 
 from fedbn_med.evaluation.comparison import Cell, Comparison, interval
 from fedbn_med.evaluation.intervals import corrected_t_interval
 
 if TYPE_CHECKING:
+    from fedbn_med.api.result import FederationResult
     from fedbn_med.evaluation.references import ScoredOn
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
     from fedbn_med.tasks.abide.splits import Split
-    from fedbn_med.training.inprocess import History
     from fedbn_med.training.trainer import SiteData
 
 __all__ = ["Interval", "corrected", "gap", "half_width", "inner_datas", "inner_references",
@@ -55,8 +55,8 @@ def run_grid(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
              spec: Callable[[V, str, int, int], RunSpec], *,
              data: Callable[[V, RunSpec], Mapping[str, SiteData]] | None = None,
              sites: Mapping[str, SiteConfig] | None = None, desc: str | None = None
-             ) -> Iterator[tuple[V, str, int, int, History]]:
-    """Run every (axis value, strategy, fold, seed) and yield it with its history.
+             ) -> Iterator[tuple[V, str, int, int, FederationResult]]:
+    """Run every (axis value, strategy, fold, seed) and yield it with its result.
 
     Parameters
     ----------
@@ -76,12 +76,16 @@ def run_grid(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
     desc : str, optional
         The progress bar's label (default: the benchmark's name).
     """
+    from fedbn_med import run
+
     grid = [(value, strategy, fold, seed) for value in axis for strategy in strategies
             for fold, seed in bench.cells]
     for value, strategy, fold, seed in bench.progress(grid, desc):
         config = spec(value, strategy, fold, seed)
         datas = data(value, config) if data is not None else None
-        yield value, strategy, fold, seed, run(config, datas, sites)
+        if sites is not None and tuple(sites) != config.sites:
+            config = config.replace(sites=tuple(sites))
+        yield value, strategy, fold, seed, run(config, data=datas)
 
 
 def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the stock-Flower hel
 
 from _stock_flower import stock_flower_run  # noqa: E402
 
+from fedbn_med import run  # noqa: E402
 from fedbn_med.federation.events import Done, Ready, Round, Trained, read_events  # noqa: E402
-from fedbn_med.federation.run import FlowerOptions, run_flower  # noqa: E402
 from fedbn_med.spec import RunSpec  # noqa: E402
 from fedbn_med.tasks import get_task  # noqa: E402
 from fedbn_med.training.inprocess import build_federation  # noqa: E402
@@ -134,11 +134,10 @@ class CpuSampler:
 
 def federated(spec: RunSpec, workdir: Path) -> dict:
     """Run over Flower; return the phases' wall times, CPU per role and set-up counts."""
-    options = FlowerOptions.local(workdir, f"sqlite:///{workdir / 'mlflow.db'}",
-                                  progress=False)
     with CpuSampler() as cpu:
         started = time.time()
-        (result,) = run_flower([spec], options)
+        result = run(spec, engine="flower", workdir=workdir,
+                     tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
         ended = time.time()
     run_dir = next(workdir.glob("run-0-*"))
     events = read_events(run_dir / "progress.jsonl", strict=False)
@@ -151,7 +150,7 @@ def federated(spec: RunSpec, workdir: Path) -> dict:
     return {"startup": ready - started, "tracking_setup": rounds_start - ready,
             "rounds": last - rounds_start, "closing": done - last,
             "total": ended - started, "cpu": usage,
-            "setups": sorted({int(r["setups"]) for r in result["rows"]})}
+            "setups": sorted({int(r["setups"]) for r in result.rows})}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,20 +25,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from fedbn_med import run
 from fedbn_med.federation.events import Round, Trained, read_events
-from fedbn_med.federation.run import FlowerOptions, run_flower
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
 
 def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
     """Run ``spec`` over Flower; return its seconds per round (two measures)."""
-    options = FlowerOptions.local(workdir, f"sqlite:///{workdir / 'mlflow.db'}",
-                                  progress=False, secagg=secagg)
-    (result,) = run_flower([spec], options)
-    if "error" in result:
-        raise RuntimeError(f"The {'SecAgg' if secagg else 'plain'} run failed: "
-                           f"{result['error']}")
+    run(spec, engine="flower", workdir=workdir,
+        tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}", server={"secagg": secagg})
     run_dir = next(workdir.glob("run-0-*"))
     events = read_events(run_dir / "progress.jsonl", strict=False)
     trained = [e for e in events if isinstance(e, Trained)]

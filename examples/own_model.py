@@ -21,5 +21,5 @@ sites = {name: fb.image_site(*(Dataset(load_decathlon_datalist(path, False, key)
                                for key in splits)) for name, path in lists.items()}
 net = DenseNet121(spatial_dims=2, in_channels=1, out_channels=2)  # your own network
 result = fb.run(net, sites, fb.Classification(), strategy="fedbn", rounds=2,
-                tracking_uri=sys.argv[1])
+                tracking_uri=sys.argv[1], workdir="own_model_run")  # weights written there
 print(result.table, "\nMLflow run:", result.run_id, "\nshared weights:", result.shared_weights)

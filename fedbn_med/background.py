@@ -13,7 +13,7 @@ class SerialWorker:
     """Run calls one after another on a thread of their own, in the order given.
 
     The server (:mod:`fedbn_med.federation.server.recorder`) and an in-process run
-    (:mod:`fedbn_med.training.tracked_run`) hand their MLflow logging to one of these, so
+    (:mod:`fedbn_med.api.engines`) hand their MLflow logging to one of these, so
     a round never waits for the store. :meth:`flush` waits for everything handed over
     and raises the first error a call met (so a store that fails still fails the run,
     only later).

@@ -111,7 +111,7 @@ def test_a_network_with_its_own_data_refuses_what_it_cannot_run() -> None:
         fb.run("xray", objective=fb.Classification())
     with pytest.raises(ValueError, match=r"Unknown engine 'ray'. Valid engines: inprocess"):
         fb.run(net, engine="ray")
-    with pytest.raises(TypeError, match=r"run takes a RunSpec, a task name or a torch"):
+    with pytest.raises(TypeError, match=r"run takes a RunSpec, a task name, a torch"):
         fb.run(3)  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import fedbn_med
 from fedbn_med.evaluation.comparison import Cell, Comparison
 from fedbn_med.evaluation.pairing import paired_differences
 from fedbn_med.evaluation.tables import markdown_table
@@ -78,12 +79,12 @@ def test_sweep_pairs_by_cell_when_runs_arrive_shuffled(benchmark_module, monkeyp
         random.Random(1).shuffle(grid)
         return grid
 
-    def fake_run(config, datas=None, sites=None):
+    def fake_run(config, *, data=None):
         score = _score(config.strategy, config.lr, config.fold, config.seed)
         return SimpleNamespace(rows=_rows(score))
 
     monkeypatch.setattr(bench, "progress", shuffled)
-    monkeypatch.setattr(sweep_mod, "run", fake_run)
+    monkeypatch.setattr(fedbn_med, "run", fake_run)  # what run_grid calls
 
     def spec(value, strategy, fold, seed):
         return bench.config(strategy=strategy, fold=fold, seed=seed, lr=value)

@@ -16,7 +16,7 @@ from fedbn_med.federation.launcher import FederationError, LocalFederation, free
 from fedbn_med.federation.run import run_site
 from fedbn_med.fl.scaffold import split_controls
 from fedbn_med.spec import RunSpec
-from fedbn_med.training.inprocess import run_spec
+from fedbn_med.training.inprocess import build_federation
 
 from .stores import sqlite_store
 from .test_privacy import (
@@ -71,7 +71,7 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
     result, events = _submit(federation, config, tmp_path)
 
     torch.set_num_threads(1)
-    reference = run_spec(config)[0].final()
+    reference = build_federation(config).run().final()
     assert list(result["final"]) == list(SITES)
     for site in SITES:
         got, want = result["final"][site], reference[site]
@@ -115,7 +115,7 @@ def test_the_saved_selected_model_is_the_model_the_result_scores(federation, sma
     chosen = result["selected_round"]
     shared, meta = load_tensors(tmp_path / "server" / "selected.safetensors")
     assert meta["round"] == chosen
-    in_process = run_spec(config)[0]  # the same run in this process keeps the same weights
+    in_process = build_federation(config).run()  # the same run in process: the same weights
     assert in_process.selected_round == chosen
     for key, tensor in in_process.selected_weights.items():
         assert torch.equal(shared[key], tensor), key
@@ -148,7 +148,7 @@ def test_fedbn_scaffold_over_flower_matches_in_process_driver(federation, small_
     result, _ = _submit(federation, config, tmp_path)
 
     torch.set_num_threads(1)
-    reference = run_spec(config)[0].final()
+    reference = build_federation(config).run().final()
     for site in SITES:
         for key in ("test_accuracy", "test_auc", "val_accuracy", "test_loss", "train_loss"):
             assert result["final"][site][key] == pytest.approx(reference[site][key],

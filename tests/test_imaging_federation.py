@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import fedbn_med
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 from fedbn_med.training.inprocess import run_in_process
-from fedbn_med.training.tracked_run import run_tracked
 
 TINY = {
     "mri": (("SiteA", "SiteC"), {"image_size": 16, "subjects": 6, "slices": 4},
@@ -68,7 +68,7 @@ def test_tracked_run_has_parent_and_site_runs(data_root: Path, tmp_path: Path) -
     # FedAvg: the logged global weights hold the BN tensors, which are shared there.
     config = RunSpec.for_task("mri", strategy="fedavg", rounds=2, batch_size=2, sites=sites,
                               device="cpu", data_dir=data_root, **extra)
-    run_tracked(config, tracking_uri=store)
+    fedbn_med.run(config, tracking_uri=store, workdir=tmp_path / "run")
     client = MlflowClient(tracking_uri=store)
     exp = client.get_experiment_by_name("mri-fedbn")
     runs = client.search_runs([exp.experiment_id])

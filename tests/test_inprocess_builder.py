@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from fedbn_med.onboarding.weights import train_federation
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import Selection, get_task
 from fedbn_med.training.data import SiteData
-from fedbn_med.training.inprocess import build_federation, run_spec
+from fedbn_med.training.inprocess import build_federation
 
 #: Two ABIDE site files with very unequal tiny data: the weighting changes the average.
 SIZES = {"NYU": 48, "UM": 12}
@@ -73,14 +74,22 @@ def test_onboarding_trains_the_builders_federation(datas: dict[str, SiteData],
     assert _same(dict(trained), reference)
 
 
-def test_a_benchmark_run_is_the_builders_run(benchmark_module,
-                                             datas: dict[str, SiteData]) -> None:
-    common = benchmark_module("_common")
-    for spec in (_spec(), _spec(weighting="equal", strategy="fedbn")):
-        history = common.run(spec, datas)
+def test_a_run_on_given_data_is_the_builders_run(datas: dict[str, SiteData],
+                                                tmp_path: Path) -> None:
+    # what the benchmarks do: fedbn_med.run on a subsample of each site's data
+    from fedbn_med import run
+    from fedbn_med.checkpoint import load_tensors
+
+    for i, spec in enumerate((_spec(), _spec(weighting="equal", strategy="fedbn"))):
+        result = run(spec, data=datas, workdir=tmp_path / str(i))
         reference = build_federation(spec, datas).run()
-        assert _same(history.global_weights, reference.global_weights)
-        assert history.rows == reference.rows
+        assert result.rows == tuple(reference.rows)
+        assert result.selected_round == reference.selected_round
+        shared, meta = load_tensors(tmp_path / str(i) / "shared.selected.safetensors")
+        assert meta["round"] == reference.selected_round
+        assert _same(shared, reference.selected_weights)
+    with pytest.raises(ValueError, match="data= needs engine='inprocess'"):
+        run(_spec(), data=datas, engine="flower")
 
 
 def test_given_data_must_cover_every_site_of_a_task_that_takes_data(
@@ -99,12 +108,13 @@ def mri_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunSpec, list[dic
     """A 2-round MRI run's spec and rows, on tiny built-in data made for this module."""
     spec = RunSpec.for_task("mri", strategy="fedbn",
                             data_dir=tmp_path_factory.mktemp("mri_data"), **TINY_MRI)
-    history, _ = run_spec(spec)
+    history = build_federation(spec).run()
     return spec, history.rows
 
 
 def test_run_cell_and_the_command_line_select_by_the_task(
         mri_run: tuple[RunSpec, list[dict]], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedbn_med.api.result import FederationResult
     from fedbn_med.cli.results import _comparison
 
     spec, rows = mri_run
@@ -117,7 +127,9 @@ def test_run_cell_and_the_command_line_select_by_the_task(
     monkeypatch.setitem(tasks._TASKS, "mri", dataclasses.replace(
         get_task("mri"), selection=Selection("loss", lower=False)))
     cell = run_cell(spec)
-    (printed,) = [c for c in _comparison([spec], [{"rows": rows}]).cells if not c.reference]
+    printed_run = FederationResult.from_mapping({"strategy": "fedbn", "rows": rows},
+                                                spec.sites, engine="inprocess")
+    (printed,) = [c for c in _comparison([spec], [printed_run]).cells if not c.reference]
     for got in (cell, printed):
         assert got.best_round == highest
         assert set(got.scores["best"]) == set(task_metrics("mri"))

@@ -23,10 +23,11 @@ def test_cells_in_two_processes_give_the_same_numbers(small_cohort: Path,
                     on_cell=done.append)
     assert done == [1, 1, 1, 1]  # four cells of one run each
     for a, b in zip(one, two):
-        assert a["strategy"] == b["strategy"]
-        assert a["rows"] == b["rows"]  # every round's every score, to the bit
-        for site, p in a["predictions"].items():
-            assert np.array_equal(p.prob, b["predictions"][site].prob)
+        assert a.strategy == b.strategy
+        assert a.rows == b.rows  # every round's every score, to the bit
+        assert sorted(a.predictions) == ["UCLA", "UM"]
+        for site, p in a.predictions.items():
+            assert np.array_equal(p.prob, b.predictions[site].prob)
     with pytest.raises(ValueError, match="workers must be a positive integer, got 0"):
         run_cells(specs, workers=0)
 

@@ -186,36 +186,43 @@ def test_an_in_process_run_reports_its_selected_round() -> None:
     assert "No shared weights are saved." in single.table
 
 
-def test_run_tracked_returns_and_logs_the_selected_round(small_cohort, tmp_path) -> None:
+def test_a_tracked_run_returns_and_logs_the_selected_round(small_cohort, tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
+    from fedbn_med import run
     from fedbn_med.spec import RunSpec
-    from fedbn_med.training.tracked_run import run_tracked
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = RunSpec.for_task("abide", rounds=3, sites=("NYU", "UM"), data_dir=small_cohort,
                             device="cpu")
     before = int(time.time() * 1000)
-    out = run_tracked(spec, tracking_uri=store)
-    assert out["selected_round"] == best_round(out["rows"]) and out["last_round"] == 3
-    assert out["selected"] == metrics_at(out["rows"], out["selected_round"])
-    assert out["final"] == metrics_at(out["rows"], 3)
-    assert f"Round {out['selected_round']} of 3 selected" in out["table"]
+    out = run(spec, tracking_uri=store, workdir=tmp_path / "run")
+    rows = list(out.rows)
+    assert out.selected_round == best_round(rows) and out.last_round == 3
+    assert out.selected == metrics_at(rows, out.selected_round)
+    assert out.last == metrics_at(rows, 3)
+    assert f"Round {out.selected_round} of 3 selected" in out.table
     client = MlflowClient(tracking_uri=store)
-    text = client.download_artifacts(out["parent_run_id"], "results.md", str(tmp_path))
-    assert open(text, encoding="utf-8").read() == out["table"] + "\n"
-    parent = client.get_run(out["parent_run_id"])
-    assert parent.data.metrics["selected_round"] == out["selected_round"]
+    text = client.download_artifacts(out.run_id, "results.md", str(tmp_path))
+    assert open(text, encoding="utf-8").read() == out.table + "\n"
+    parent = client.get_run(out.run_id)
+    assert parent.data.metrics["selected_round"] == out.selected_round
     # the run's page in MLflow opens on the table the console printed (its description)
-    table, said = out["table"].rsplit("|\n", 1)
+    table, said = out.table.rsplit("|\n", 1)
     assert parent.data.tags["mlflow.note.content"] == f"{said.strip()}\n\n{table}|\n"
-    assert said.strip().startswith(f"Round {out['selected_round']} of 3 selected")
+    assert said.strip().startswith(f"Round {out.selected_round} of 3 selected")
     # the runs start when the run did, not when MLflow's thread got to making them
     assert before <= parent.info.start_time <= before + 1500
     children = client.search_runs([parent.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+                                  f"tags.mlflow.parentRunId = '{out.run_id}'")
     assert {r.info.start_time for r in children} == {parent.info.start_time}
-    np.testing.assert_array_equal(sorted(out["selected"]), ["NYU", "UM"])
+    np.testing.assert_array_equal(sorted(out.selected), ["NYU", "UM"])
+    # the selected round's weights: shared in a file and in MLflow, each site's kept layers
+    # in a file of its own only
+    assert out.shared_weights == str(tmp_path / "run" / "shared.selected.safetensors")
+    assert sorted(out.kept_weights) == ["NYU", "UM"]
+    assert {a.path for a in client.list_artifacts(out.run_id, "model")} >= {
+        "model/selected", "model/shared_weights.safetensors"}
 
 
 def test_the_progress_bar_shows_validation_loss_and_never_a_test_score():
@@ -234,26 +241,32 @@ def test_a_run_on_prepared_sites_is_the_same_run_and_keeps_its_subjects(small_co
                                                                          tmp_path) -> None:
     # what --compare --engine inprocess does: every method of a cell trains on the cell's
     # prepared sites; the run must be the run the task builds alone, plus its predictions
+    from fedbn_med import run
+    from fedbn_med.api.engines import run_inprocess, spec_launch
     from fedbn_med.evaluation.cell_data import prepare_sites
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import load_sites
-    from fedbn_med.training.tracked_run import run_tracked
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = RunSpec.for_task("abide", rounds=3, sites=("NYU", "UM"), data_dir=small_cohort,
                             device="cpu", fold=1, seed=2)
-    alone = run_tracked(spec, tracking_uri=store)
+    alone = run(spec, tracking_uri=store, workdir=tmp_path / "alone")
     sites = load_sites(list(spec.sites))
     prepared = prepare_sites(spec, sites)
-    kept = run_tracked(spec, tracking_uri=store, prepared=prepared, sites=sites)
-    assert "predictions" not in alone
-    assert kept["rows"] == alone["rows"]
-    assert kept["selected_round"] == alone["selected_round"]
-    for name, p in kept["predictions"].items():
+    kept = run_inprocess(spec_launch(spec, prepared=prepared, site_files=sites),
+                         tracking_uri=store)
+    assert not alone.predictions and alone.n_test == 0
+    assert kept.rows == alone.rows
+    assert kept.selected_round == alone.selected_round
+    assert sorted(kept.predictions) == ["NYU", "UM"]
+    for name, p in kept.predictions.items():
         assert np.array_equal(p.index, prepared[name].split.test)
         accuracy = float(np.mean(p.predicted == (p.labels == 1)))
-        assert accuracy == pytest.approx(kept["selected"][name]["test_accuracy"], abs=5e-5)
-    assert kept["n_test"] == sum(p.split.test.size for p in prepared.values())
+        assert accuracy == pytest.approx(kept.selected[name]["test_accuracy"], abs=5e-5)
+    assert kept.n_test == sum(p.split.test.size for p in prepared.values())
+    # a comparison's run writes no weights file and keeps none in a temporary folder
+    assert kept.shared_weights == f"runs:/{kept.run_id}/model/selected"
+    assert kept.kept_weights == {}
 
 
 def test_compare_in_process_prints_the_subject_level_tests(small_cohort, tmp_path,

@@ -24,7 +24,7 @@ from fedbn_med.federation.server.secagg import sum_reason, threshold
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks.abide.build import build_trainer
 from fedbn_med.tasks.abide.sites import load_sites
-from fedbn_med.training.inprocess import run_spec
+from fedbn_med.training.inprocess import build_federation
 
 from .keyed import stop_nodes
 from .stores import sqlite_store
@@ -181,7 +181,7 @@ def test_secagg_fedbn_reaches_the_plain_fedbn_model_from_masked_vectors_only(
     assert [e.sites for e in trained] == [list(SITES)]
     assert trained[0].shares == {} and trained[0].norms == {}  # no one update seen
     torch.set_num_threads(1)
-    plain = run_spec(config)[0].global_weights  # plain FedBN, the in-process driver
+    plain = build_federation(config).run().global_weights  # plain FedBN, the in-process driver
     secure, _ = load_tensors(tmp_path / "server" / "global.safetensors")
     assert set(secure) == set(plain)
     for key in plain:  # 2**22 levels over +-8, three sites: a few 1e-6 at most

@@ -88,9 +88,11 @@ def test_benchmark_run_builds_sites_through_the_registry(
         assert via_task.data is data
         for key, value in direct.model.state_dict().items():
             assert torch.equal(value, via_task.model.state_dict()[key])
-    history = _common.run(spec.replace(strategy="centralized"), datas)
-    assert history.rounds == 1
-    assert {r["site"] for r in history.rows} == {"NYU", "UM"}
+    from fedbn_med import run
+
+    result = run(spec.replace(strategy="centralized"), data=datas)
+    assert result.last_round == 1
+    assert {r["site"] for r in result.rows} == {"NYU", "UM"}
 
 
 def test_prepare_all_refuses_a_task_without_site_data() -> None:

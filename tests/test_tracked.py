@@ -86,17 +86,20 @@ def test_resuming_a_failed_run_finishes_it(store):
 # -- each place that opens runs ------------------------------------------------------------
 def test_the_tracked_in_process_run_fails_its_runs_on_error(store, monkeypatch, tmp_path):
     import fedbn_med.training.inprocess as inprocess
+    from fedbn_med import run
     from fedbn_med.spec import RunSpec
-    from fedbn_med.training.tracked_run import run_tracked
 
-    def crash(spec, on_round=None):  # noqa: ANN001, ANN202, ARG001
-        on_round(1, {"UCLA": {"test_accuracy": 0.5}})
-        raise RuntimeError("a site's data went missing")
+    class Crashing:  # a federation whose first round's reply is its last
+        kept: frozenset[str] = frozenset()
 
-    monkeypatch.setattr(inprocess, "run_spec", crash)
+        def run(self, on_round=None, *, evaluate=True):  # noqa: ANN001, ANN202, ARG002
+            on_round(1, {"UCLA": {"test_accuracy": 0.5}})
+            raise RuntimeError("a site's data went missing")
+
+    monkeypatch.setattr(inprocess, "build_federation", lambda spec, data=None: Crashing())
     spec = RunSpec.for_task("abide", rounds=2, sites=("UCLA",), data_dir=tmp_path)
     with pytest.raises(RuntimeError, match="went missing"):
-        run_tracked(spec, tracking_uri=store, progress=False)
+        run(spec, tracking_uri=store, workdir=tmp_path / "run")
     from fedbn_med.tasks import get_task
 
     statuses = _statuses(store, get_task("abide").experiment)

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
-from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int, run
+from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int
 from _plots import bar_plot
 from _sweep import inner_datas, inner_references
 from _sweep_grid import (
@@ -58,6 +58,8 @@ from _sweep_grid import (
     combine_intervals,
     summarise,
 )
+
+from fedbn_med import run
 
 NAME = "defaults_sweep"
 GROUPS = (("PITT", "YALE", "KKI", "TRINITY"), ("MAX_MUN", "STANFORD", "CALTECH", "SDSU"))
@@ -203,7 +205,7 @@ class Sweep:
             started = time.perf_counter()
             spec = self.spec(group, by_config[config]).replace(fold=fold, seed=seed)
             # nested: inner train / validation / test of the outer training part only
-            rows = (run(spec, inner_datas(spec.sites, spec, self.inner_folds, inner)).rows
+            rows = (run(spec, data=inner_datas(spec.sites, spec, self.inner_folds, inner)).rows
                     if inner >= 0 else run(spec).rows)
             from fedbn_med.evaluation.comparison import best_round
 

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
-from _common import FEDPROX_MU, Benchmark, Budget, curve, make_parser, markdown_table, run
+from _common import FEDPROX_MU, Benchmark, Budget, curve, make_parser, markdown_table
 from _plots import Panel, line_panels
 from _sweep import corrected, interval_caption
 from rounds_to_target import rounds_to, smoothed
 
+from fedbn_med import run
 from fedbn_med.evaluation.tables import format_stats
 
 if TYPE_CHECKING:

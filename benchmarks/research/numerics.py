@@ -86,14 +86,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def worker(args: argparse.Namespace, folds: int) -> dict[str, object]:
     """Run the default spec on each fold in this process; return what the parent compares."""
-    from _common import run
-
     from fedbn_med.numerics import describe
+    from fedbn_med.training.inprocess import build_federation
 
     spec = default_spec(args)
     out: list[dict[str, object]] = []
     for fold in range(folds):
-        history = run(spec.replace(fold=fold))
+        # the engine itself: its last global weights are what this benchmark digests
+        history = build_federation(spec.replace(fold=fold)).run()
         result = history.result()
         val = {}
         for row in history.rows:

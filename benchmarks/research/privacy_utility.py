@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench.config(strategy=strategy, fold=fold, seed=seed, **dp)
 
     for eps, strategy, fold, seed, history in run_grid(bench, tuple(sigma), STRATEGIES, spec):
-        final = history.selected()  # DP figures in it are the whole run's
+        final = history.selected  # DP figures in it are the whole run's
         for site in sites:
             acc[strategy][eps][site][fold, seed] = float(final[site]["test_balanced_accuracy"])
         acc[strategy][eps]["mean"][fold, seed] = selected(history, "test_balanced_accuracy")

@@ -36,13 +36,13 @@ from _common import (
     make_parser,
     markdown_table,
     positive_int,
-    run,
     site_mean,
 )
 from _plots import bar_plot
 from _sweep import corrected, inner_datas, inner_references, one_class_sites
 from defaults_sweep import add_groups_option, resolve_groups
 
+from fedbn_med import run
 from fedbn_med.evaluation.comparison import REFERENCES
 
 NAME = "stopping_rule"
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     picked: dict[tuple[str, str], list[int]] = {}
     for g, fold, seed, inner in bench.progress(grid, NAME):
         spec = base.replace(sites=groups[g], fold=fold, seed=seed)
-        history = run(spec, inner_datas(groups[g], spec, inner_folds, inner))
+        history = run(spec, data=inner_datas(groups[g], spec, inner_folds, inner))
         for name, rule in table_rules.items():
             rnd = rule(history)
             scores.setdefault((name, g), []).append(score_at(history, rnd))

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
-from _common import Benchmark, Budget, make_parser, markdown_table, run
+from _common import Benchmark, Budget, make_parser, markdown_table
 from _plots import bar_plot
 from _sweep import corrected, one_class_sites, references
 from defaults_sweep import add_groups_option, resolve_groups
+
+from fedbn_med import run
 
 NAME = "threshold"
 #: The incumbent first (0.5, the default when the criterion was fixed), then the challenger.

@@ -45,6 +45,15 @@ class FederationResult:
         The MLflow store of ``run_id``.
     engine : str
         ``"inprocess"`` or ``"flower"``.
+    predictions : dict
+        Each site's test predictions at the selected round
+        (:class:`~fedbn_med.evaluation.cells.SitePredictions`): kept by a comparison's
+        in-process runs of a task with subject-level cells (ABIDE), for the paired tests;
+        empty otherwise.
+    n_train, n_test : int
+        With ``predictions``: the subjects of every site outside and inside the test fold.
+    one_class : tuple of str
+        Sites whose model predicts one class only at the selected round (binary tasks).
     """
 
     strategy: str
@@ -60,6 +69,10 @@ class FederationResult:
     run_id: str | None = None
     tracking_uri: str | None = None
     engine: str = "inprocess"
+    predictions: dict[str, Any] = field(default_factory=dict)
+    n_train: int = 0
+    n_test: int = 0
+    one_class: tuple[str, ...] = ()
 
     def site_rounds(self, site: str) -> list[dict[str, Any]]:
         """Return one site's rows, round by round.
@@ -95,14 +108,17 @@ class FederationResult:
                      engine: str, shared_weights: str | None = None,
                      kept_weights: Mapping[str, Path] | None = None) -> FederationResult:
         """Return the result an engine's results dict (``results.json``) describes."""
+        from fedbn_med.evaluation.report import one_class_sites
+
+        selected = {s: dict(m) for s, m in values.get("selected", {}).items()}
         return cls(
             strategy=str(values["strategy"]), sites=tuple(sites),
             rows=tuple(dict(r) for r in values.get("rows", ())),
             selected_round=int(values.get("selected_round", 0)),
             last_round=int(values.get("last_round", 0)),
-            selected={s: dict(m) for s, m in values.get("selected", {}).items()},
+            selected=selected,
             last={s: dict(m) for s, m in values.get("final", {}).items()},
             table=str(values.get("table", "")), shared_weights=shared_weights,
             kept_weights=dict(kept_weights or {}),
             run_id=values.get("parent_run_id"), tracking_uri=values.get("tracking_uri"),
-            engine=engine)
+            engine=engine, one_class=one_class_sites(selected))

@@ -9,7 +9,13 @@ Two ways in:
   trains a copy of ``model`` on its own data, in this process.
 
 Either way the result is a :class:`~fedbn_med.api.result.FederationResult`, and the
-run is logged to MLflow when ``tracking_uri`` is given.
+run is logged to MLflow when ``tracking_uri`` is given. A sequence of specs is a
+comparison: every run on one engine (over Flower, one federation serves them all; in
+this process, a task with subject-level cells runs each cell's methods on the same
+subjects, cells in parallel processes), one result per spec.
+
+This is the one way a federation runs: the command line, the comparisons, onboarding's
+benchmarks and the library call it; the engines are :mod:`fedbn_med.api.engines`.
 """
 
 from __future__ import annotations
@@ -19,16 +25,14 @@ import logging
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from torch import nn
 
+from fedbn_med.api.engines import Launch, Sites, run_inprocess, run_on_flower, spec_launch
 from fedbn_med.api.result import FederationResult
-from fedbn_med.api.sites import site_trainer
-from fedbn_med.checkpoint import save_tensors
 from fedbn_med.spec import RunSpec
-from fedbn_med.tasks import get_task
-from fedbn_med.training.inprocess import History, run_in_process
+from fedbn_med.training.inprocess import History, RoundCallback, run_in_process
 from fedbn_med.training.objective import Objective
 
 __all__ = ["ENGINES", "run"]
@@ -39,18 +43,43 @@ logger = logging.getLogger(__name__)
 ENGINES = ("inprocess", "flower")
 
 
+@overload
 def run(what: RunSpec | str | nn.Module,
         sites: Mapping[str, Any] | Sequence[str] | None = None,
         objective: Objective | None = None, *, engine: str = "inprocess",
         tracking_uri: str | None = None, workdir: str | Path | None = None,
-        experiment: str = "fedbn-med", **settings: Any) -> FederationResult:
-    """Run one federation and return its typed result.
+        experiment: str = "fedbn-med", progress: bool = False,
+        data: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None,
+        workers: int | None = None, **settings: Any) -> FederationResult: ...
+
+
+@overload
+def run(what: Sequence[RunSpec],
+        sites: Mapping[str, Any] | Sequence[str] | None = None,
+        objective: Objective | None = None, *, engine: str = "inprocess",
+        tracking_uri: str | None = None, workdir: str | Path | None = None,
+        experiment: str = "fedbn-med", progress: bool = False,
+        data: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None,
+        workers: int | None = None, **settings: Any) -> list[FederationResult]: ...
+
+
+def run(what: RunSpec | str | nn.Module | Sequence[RunSpec],
+        sites: Mapping[str, Any] | Sequence[str] | None = None,
+        objective: Objective | None = None, *, engine: str = "inprocess",
+        tracking_uri: str | None = None, workdir: str | Path | None = None,
+        experiment: str = "fedbn-med", progress: bool = False,
+        data: Mapping[str, Any] | None = None, server: Mapping[str, Any] | None = None,
+        workers: int | None = None, **settings: Any
+        ) -> FederationResult | list[FederationResult]:
+    """Run one federation (or a comparison's) and return its typed result.
 
     Parameters
     ----------
-    what : RunSpec, str or torch.nn.Module
+    what : RunSpec, str, torch.nn.Module or sequence of RunSpec
         A run spec; a registered task's name (its spec is
-        ``RunSpec.for_task(name, **settings)``); or a network every site trains a copy of.
+        ``RunSpec.for_task(name, **settings)``); a network every site trains a copy of;
+        or a comparison's specs (every method on every fold and seed, one task and one
+        set of sites), which returns one result per spec, in order.
     sites : mapping of site name to site data, or sequence of str, optional
         With a network: each site's data (:func:`fedbn_med.image_site` of MONAI
         datasets, or :class:`fedbn_med.TensorSiteData`). With a task: the sites' names.
@@ -59,15 +88,31 @@ def run(what: RunSpec | str | nn.Module,
         :class:`fedbn_med.Classification`, ...).
     engine : {"inprocess", "flower"}
         With a task: this process, or a local Flower federation (a SuperLink and one
-        process per site on 127.0.0.1). A network with its own data runs in process.
+        process per site on 127.0.0.1). A network with its own data runs in process, and
+        so does a strategy that trains on every site's data at once (Centralized).
     tracking_uri : str, optional
         The MLflow store to log the run to (a parent run, a child run per site, the
-        selected shared weights). None: not tracked (a Flower run is always tracked: in
-        ``<workdir>/mlflow.db`` unless given).
+        shared weights of the last and the selected round). None: not tracked (a Flower
+        run is always tracked: in ``<workdir>/mlflow.db`` unless given).
     workdir : path, optional
-        Where the selected round's weights are written (default: a new temporary folder).
+        Where the selected round's weights are written: the shared weights
+        (``shared.selected.safetensors``) and each site's kept layers
+        (``<site>.selected.safetensors``). None: no file in this process (the shared
+        weights are in MLflow when tracked); over Flower, every process's files go to a
+        new temporary folder. A comparison in this process writes no weights.
     experiment : str
         The MLflow experiment of a network's run (a task's run uses the task's).
+    progress : bool
+        Show a progress bar over the rounds (a comparison in process: over its runs).
+    data : mapping of site name to site data, optional
+        With a task in this process: each site's data to train on instead of the task's
+        own (e.g. a subsample of the task's ``site_data``), one for every site.
+    server : mapping, optional
+        Over Flower: further server settings (``secagg=True``, ``round_timeout=...``,
+        :class:`~fedbn_med.federation.config.ServerSettings`).
+    workers : int, optional
+        A comparison in this process: how many processes run its cells at once (default:
+        one per free core, at most one per cell).
     **settings
         The run's settings: with a task's name, any :class:`RunSpec` field or task
         setting (``rounds=3``, ``strategy="fedavg"``); with a network, ``strategy``
@@ -77,16 +122,17 @@ def run(what: RunSpec | str | nn.Module,
     Raises
     ------
     ValueError
-        For an unknown engine, a network without sites or objective, or sites given with
-        a task.
+        For an unknown engine, a network without sites or objective, sites given with
+        a task, data given over Flower, or an empty comparison.
     TypeError
-        When ``what`` is none of the three.
+        When ``what`` is none of these.
     """
     if engine not in ENGINES:
         raise ValueError(f"Unknown engine '{engine}'. Valid engines: {', '.join(ENGINES)}.")
-    folder = Path(workdir) if workdir is not None else Path(
-        tempfile.mkdtemp(prefix="fedbn-med-run-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    if data is not None and engine != "inprocess":
+        raise ValueError("Sites' data given in this process stay in it: data= needs "
+                         "engine='inprocess'.")
+    folder = Path(workdir).resolve() if workdir is not None else None
     if isinstance(what, nn.Module):
         if not isinstance(sites, Mapping) or objective is None:
             raise ValueError("A network runs on its sites' data with an objective: "
@@ -96,7 +142,9 @@ def run(what: RunSpec | str | nn.Module,
                              "(engine='inprocess'); over Flower, register it as a task "
                              "(fedbn_med.register_task) so that each site process can "
                              "build it.")
-        return _run_model(what, sites, objective, folder, tracking_uri, experiment, settings)
+        launch = _model_launch(what, sites, objective, experiment, settings)
+        return run_inprocess(launch, tracking_uri=tracking_uri, workdir=folder,
+                             progress=progress)
     if sites is not None and not isinstance(sites, Mapping):
         settings["sites"] = tuple(sites)  # a task's run names its sites
         sites = None
@@ -105,15 +153,79 @@ def run(what: RunSpec | str | nn.Module,
                          "(sites=('A', 'B')); give site data and objective= only with a "
                          "network.")
     if isinstance(what, str):
-        spec = RunSpec.for_task(what, **settings)
-    elif isinstance(what, RunSpec):
+        return _run_specs([RunSpec.for_task(what, **settings)], engine, tracking_uri, folder,
+                          progress, data, server, workers, one=True)[0]
+    if isinstance(what, RunSpec):
         spec = what.replace(**settings) if settings else what
+        return _run_specs([spec], engine, tracking_uri, folder, progress, data, server,
+                          workers, one=True)[0]
+    if isinstance(what, Sequence):
+        specs = [s for s in what if isinstance(s, RunSpec)]
+        if len(specs) != len(what):
+            raise TypeError("A comparison is a sequence of RunSpecs; it holds "
+                            f"{sorted({type(s).__name__ for s in what})}.")
+        if not specs:
+            raise ValueError("A comparison needs at least one run spec; none was given.")
+        specs = [s.replace(**settings) if settings else s for s in specs]
+        return _run_specs(specs, engine, tracking_uri, folder, progress, data, server,
+                          workers, one=False)
+    raise TypeError(f"run takes a RunSpec, a task name, a torch.nn.Module or a sequence of "
+                    f"RunSpecs, got {type(what).__name__}.")
+
+
+def _folder(folder: Path | None) -> Path:
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="fedbn-med-run-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _run_specs(specs: list[RunSpec], engine: str, tracking_uri: str | None,
+               folder: Path | None, progress: bool, data: Mapping[str, Any] | None,
+               server: Mapping[str, Any] | None, workers: int | None, *, one: bool
+               ) -> list[FederationResult]:
+    """Run specs on ``engine``; one result per spec, in order.
+
+    A strategy that trains on every site's data (Centralized) runs in this process
+    whatever the engine. A comparison (``one`` false) in this process of a task with
+    subject-level cells runs each cell's methods on the same subjects, and keeps each test
+    subject's prediction (:func:`fedbn_med.evaluation.parallel.run_cells`).
+    """
+    local = [s for s in specs if engine == "inprocess" or s.strategy_obj().reads_every_site]
+    by_spec: dict[int, FederationResult] = {}
+    federated = [s for s in specs if all(s is not x for x in local)]
+    if federated:  # Flower loads only here: a second's import an in-process run skips
+        where = _folder(folder)
+        for spec, result in zip(federated, run_on_flower(
+                federated, where, tracking_uri or f"sqlite:///{where / 'mlflow.db'}",
+                progress=progress, server=server)):
+            by_spec[id(spec)] = result
+    if not one and engine == "inprocess" and _has_cells(local[0].task):
+        from tqdm.auto import tqdm
+
+        from fedbn_med.evaluation.parallel import default_workers, run_cells
+
+        if data is not None:
+            raise ValueError("A comparison's cells prepare their own subjects; data= goes "
+                             "with one run.")
+        with tqdm(total=len(local), desc="compare", unit="run", disable=not progress) as bar:
+            for spec, result in zip(local, run_cells(
+                    local, workers=workers or default_workers(local),
+                    tracking_uri=tracking_uri, on_cell=bar.update)):
+                by_spec[id(spec)] = result
     else:
-        raise TypeError(f"run takes a RunSpec, a task name or a torch.nn.Module, got "
-                        f"{type(what).__name__}.")
-    if engine == "flower":
-        return _run_flower(spec, folder, tracking_uri)
-    return _run_spec(spec, folder, tracking_uri)
+        for spec in local:
+            by_spec[id(spec)] = run_inprocess(spec_launch(spec, data=data),
+                                              tracking_uri=tracking_uri,
+                                              workdir=folder if one else None,
+                                              progress=progress)
+    return [by_spec[id(s)] for s in specs]
+
+
+def _has_cells(task: str) -> bool:
+    from fedbn_med.evaluation.cell_data import has_cells
+
+    return has_cells(task)
 
 
 _MODEL_DEFAULTS: dict[str, Any] = {"strategy": "fedbn", "rounds": 5, "lr": 1e-3,
@@ -121,9 +233,11 @@ _MODEL_DEFAULTS: dict[str, Any] = {"strategy": "fedbn", "rounds": 5, "lr": 1e-3,
                                    "mu": None, "device": "auto", "weighting": "samples"}
 
 
-def _run_model(model: nn.Module, sites: Mapping[str, Any], objective: Objective,
-               folder: Path, tracking_uri: str | None, experiment: str,
-               settings: Mapping[str, Any]) -> FederationResult:
+def _model_launch(model: nn.Module, sites: Mapping[str, Any], objective: Objective,
+                  experiment: str, settings: Mapping[str, Any]) -> Launch:
+    """Return the federation of a copy of ``model`` at every site."""
+    from fedbn_med.api.sites import site_trainer  # imports MONAI: a task's run needs none
+
     unknown = sorted(set(settings) - set(_MODEL_DEFAULTS))
     if unknown:
         raise ValueError(f"Unknown setting(s) {', '.join(unknown)} for a network's run. "
@@ -146,81 +260,12 @@ def _run_model(model: nn.Module, sites: Mapping[str, Any], objective: Objective,
         pooled = first.derive("pooled", pooled_of([t.data for t in trainers.values()]))
     params = {k: v for k, v in values.items() if v is not None}
     params.update(model=type(model).__name__, objective=type(objective).__name__)
+    rounds = int(values["rounds"])
 
-    def go(on_round: Any = None) -> History:
-        return run_in_process(trainers, first.strategy, int(values["rounds"]), pooled=pooled,
+    def go(on_round: RoundCallback | None = None) -> History:
+        return run_in_process(trainers, first.strategy, rounds, pooled=pooled,
                               on_round=on_round, weighting=values["weighting"])
 
-    return _tracked(go, first.strategy.label, tuple(trainers), first.kept, folder,
-                    tracking_uri, experiment, params, {"task": "own-model"})
-
-
-def _run_spec(spec: RunSpec, folder: Path, tracking_uri: str | None) -> FederationResult:
-    from fedbn_med.training.inprocess import build_federation
-
-    federation = build_federation(spec)
-
-    def go(on_round: Any = None) -> History:
-        return federation.run(on_round)
-
-    return _tracked(go, spec.label, spec.sites, federation.kept, folder, tracking_uri,
-                    get_task(spec.task).experiment, {**spec.params(), "engine": "inprocess"},
-                    {"task": spec.task})
-
-
-def _tracked(go: Any, label: str, sites: tuple[str, ...], kept: frozenset[str], folder: Path,
-             tracking_uri: str | None, experiment: str, params: Mapping[str, object],
-             tags: Mapping[str, str]) -> FederationResult:
-    """Run ``go`` (tracked when ``tracking_uri``) and write the selected round's weights."""
-    if tracking_uri is None:
-        history = go()
-        return _result(history, sites, kept, folder, None, None)
-    from fedbn_med.tracking import tracked
-
-    with tracked(experiment, label, params, sites, tracking_uri=tracking_uri,
-                 tags=tags) as tracker:
-        history = go(tracker.log_round)
-        result = history.result()
-        tracker.log_text(result.table + "\n", "results.md")
-        tracker.log_metrics({"selected_round": result.selected_round})
-        if history.selected_weights and history.selected_round == result.selected_round:
-            tracker.log_shared_weights(history.selected_weights, kept, "model/selected")
-        return _result(history, sites, kept, folder, tracker.parent_id, tracking_uri)
-
-
-def _result(history: History, sites: tuple[str, ...], kept: frozenset[str], folder: Path,
-            run_id: str | None, tracking_uri: str | None) -> FederationResult:
-    result = history.result()
-    shared: str | None = None
-    files: dict[str, Path] = {}
-    if history.selected_weights and history.selected_round == result.selected_round:
-        meta = {"round": result.selected_round, "strategy": history.strategy,
-                "mlflow_run_id": run_id}
-        leaked = set(history.selected_weights) & set(kept)
-        if leaked:  # the server never holds a kept key; neither does the shared file
-            raise RuntimeError(f"Shared weights hold kept keys: {sorted(leaked)[:5]}.")
-        shared = str(save_tensors(folder / "shared.selected.safetensors",
-                                  history.selected_weights, meta))
-        files = {site: save_tensors(folder / f"{site}.selected.safetensors", tensors, meta)
-                 for site, tensors in history.selected_kept.items() if tensors}
-    return FederationResult(
-        strategy=history.strategy, sites=tuple(sites), rows=tuple(history.rows),
-        selected_round=result.selected_round, last_round=result.last_round,
-        selected=result.selected, last=result.last, table=result.table,
-        shared_weights=shared, kept_weights=files, run_id=run_id, tracking_uri=tracking_uri)
-
-
-def _run_flower(spec: RunSpec, folder: Path, tracking_uri: str | None) -> FederationResult:
-    from fedbn_med.federation.run import FlowerOptions, run_flower
-
-    uri = tracking_uri or f"sqlite:///{folder / 'mlflow.db'}"
-    options = FlowerOptions.local(folder, uri, progress=False)
-    values = run_flower([spec], options)[0]
-    run_dir = next(iter(sorted(folder.glob("run-0-*"))), folder)
-    selected = run_dir / "server" / "selected.safetensors"
-    chosen = int(values.get("selected_round", 0))
-    kept = {site: path for site in spec.sites  # each site keeps its selected round's layers
-            for path in sorted(folder.rglob(f"{site}.round-{chosen}.safetensors"))[:1]}
-    return FederationResult.from_mapping(
-        values, spec.sites, engine="flower",
-        shared_weights=str(selected) if selected.is_file() else None, kept_weights=kept)
+    return Launch(lambda: Sites(go, first.kept), first.strategy.label,
+                  tuple(str(s) for s in trainers), experiment, params, {"task": "own-model"},
+                  name=first.strategy.label, rounds=rounds)

@@ -29,9 +29,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from itertools import groupby
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fedbn_med.cli.hosts import serve_mode, site_mode
 from fedbn_med.cli.parser import (
@@ -43,6 +43,9 @@ from fedbn_med.cli.parser import (
 )
 from fedbn_med.cli.results import print_results
 from fedbn_med.spec import RunSpec
+
+if TYPE_CHECKING:
+    from fedbn_med.api.result import FederationResult
 
 __all__ = ["build_parser", "main"]
 
@@ -124,62 +127,13 @@ def _workdir(args: argparse.Namespace) -> Path:
 
 
 def _run_all(args: argparse.Namespace, specs: list[RunSpec], tracking_uri: str,
-             workdir: Path) -> list[dict]:
-    from fedbn_med.evaluation.cell_data import has_cells
-    from fedbn_med.training.tracked_run import run_tracked
+             workdir: Path) -> list[FederationResult]:
+    """Run the command's specs through :func:`fedbn_med.run`: one run, or a comparison."""
+    from fedbn_med.api.run import run
 
-    local = [s for s in specs
-             if s.strategy_obj().reads_every_site or args.engine == "inprocess"]
-    federated = [s for s in specs if s not in local]
-    by_spec: dict[int, dict] = {}
-    if federated:  # Flower loads only here: a second's import an in-process run skips
-        from fedbn_med.federation.run import FlowerOptions, run_flower
-
-        options = FlowerOptions.local(workdir, tracking_uri, progress=not args.quiet,
-                                      **server_options(args))
-        for spec, result in zip(federated, run_flower(federated, options)):
-            by_spec[id(spec)] = result
-    shared = bool(compare_list(args)) and args.engine == "inprocess"
-    if shared and local and has_cells(local[0].task):  # the cells in parallel processes
-        from tqdm.auto import tqdm
-
-        from fedbn_med.evaluation.parallel import default_workers, run_cells
-
-        with tqdm(total=len(local), desc="compare", unit="run", disable=args.quiet) as bar:
-            for spec, result in zip(local, run_cells(
-                    local, workers=args.workers or default_workers(local),
-                    tracking_uri=tracking_uri, on_cell=bar.update)):
-                by_spec[id(spec)] = result
-        return [by_spec[id(s)] for s in specs]
-    for spec, prepared, sites in _with_cells(local, shared):
-        by_spec[id(spec)] = run_tracked(spec, tracking_uri=tracking_uri,
-                                        progress=not args.quiet, prepared=prepared,
-                                        sites=sites,
-                                        workdir=None if compare_list(args) else workdir)
-    return [by_spec[id(s)] for s in specs]
-
-
-def _with_cells(specs: list[RunSpec], shared: bool
-                ) -> Iterator[tuple[RunSpec, dict | None, dict | None]]:
-    """Yield each spec with its (fold, seed) cell's prepared sites and site files.
-
-    ``shared`` (an in-process comparison of a task with cells, ABIDE): every method of a
-    cell trains on the same subjects through its own feature chain and keeps each test
-    subject's prediction, for the subject-level tests. The specs come cell by cell, so one
-    cell's sites are held at a time. Otherwise each run prepares its own data (None, None).
-    """
-    from fedbn_med.evaluation.cell_data import cell_sites, has_cells, prepare_sites
-
-    if not (shared and specs and has_cells(specs[0].task)):
-        yield from ((spec, None, None) for spec in specs)
-        return
-    sites = cell_sites(specs[0])
-
-    def cell(spec: RunSpec) -> tuple[int, int]:
-        return spec.fold, spec.seed
-
-    for _, group in groupby(sorted(specs, key=cell), key=cell):
-        runs = list(group)
-        prepared = prepare_sites(runs[0], sites)
-        for spec in runs:
-            yield spec, prepared, sites
+    options: dict[str, Any] = dict(engine=args.engine, tracking_uri=tracking_uri,
+                                   progress=not args.quiet, server=server_options(args))
+    if compare_list(args):
+        return run(specs, workdir=workdir if args.engine == "flower" else None,
+                   workers=args.workers, **options)
+    return [run(specs[0], workdir=workdir, **options)]

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
+    from fedbn_med.api.result import FederationResult
     from fedbn_med.evaluation.comparison import Comparison
 
 __all__ = ["print_results"]
 
 
-def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str, ...],
+def print_results(specs: list[RunSpec], results: list[FederationResult], compare: tuple[str, ...],
                   tracking_uri: str, seconds: float) -> None:
     """Print one run's table, or the comparison's report (then log it to MLflow)."""
     if compare:
@@ -27,23 +28,23 @@ def print_results(specs: list[RunSpec], results: list[dict], compare: tuple[str,
         print(f"\nMLflow: the comparison is run {run_id}, each strategy's runs beside it")
     else:
         spec = specs[0]
-        print(f"\n{results[0]['strategy']}: round {results[0]['selected_round']} of "
+        print(f"\n{results[0].strategy}: round {results[0].selected_round} of "
               f"{spec.rounds}, selected on validation (test split of fold {spec.fold}), "
               "% per site:\n")
-        print(results[0]["table"])
-        kept = results[0].get("kept_files")
-        if kept:  # in process: each site's private layers of the selected round
+        print(results[0].table)
+        kept = list(results[0].kept_weights.values())
+        if kept and results[0].engine == "inprocess":  # each site's private layers
             print(f"\nEach site's kept layers of the selected round (with the shared weights "
                   f"of model/selected, its selected model; never logged to MLflow): "
                   f"{kept[0].parent}/<site>.selected.safetensors")
     from fedbn_med.tracking import runs_page
 
-    parent = results[-1].get("parent_run_id") if results else None
+    parent = results[-1].run_id if results else None
     print(f"\nwall time {seconds:.1f} s. See the runs in MLflow:\n  "
           f"{runs_page(tracking_uri, parent)}")
 
 
-def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
+def _comparison(specs: list[RunSpec], results: list[FederationResult]) -> Comparison:
     from fedbn_med.evaluation.comparison import Cell, Comparison
     from fedbn_med.evaluation.runner import task_metrics
     from fedbn_med.tasks import get_task
@@ -55,10 +56,9 @@ def _comparison(specs: list[RunSpec], results: list[dict]) -> Comparison:
                             metric_names=metrics)
     for spec, result in zip(specs, results):
         # in-process ABIDE runs keep their test subjects' predictions: subject-level tests
-        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result["rows"],
-                                      predictions=result.get("predictions"),
-                                      n_train=result.get("n_train", 0),
-                                      n_test=result.get("n_test", 0),
+        comparison.add(Cell.from_rows(spec.label, spec.fold, spec.seed, result.rows,
+                                      predictions=result.predictions or None,
+                                      n_train=result.n_train, n_test=result.n_test,
                                       metrics=metrics, selection=selection))
     if specs[0].task == "abide":  # the majority-class and motion-only rows
         from fedbn_med.evaluation.references import add_reference_rows

@@ -2,9 +2,8 @@
 
 :func:`keeping_federation` builds a spec's federation on a cell's prepared sites
 (:mod:`fedbn_med.evaluation.cell_data`) with a :class:`BestRoundKeeper`, which holds each
-site's test predictions at the round the task's selection picks. A comparison's cells
-(:func:`fedbn_med.evaluation.runner.run_cell`) and a tracked run
-(:func:`fedbn_med.training.tracked_run.run_tracked`) both keep them this way.
+site's test predictions at the round the task's selection picks. A comparison's runs
+in this process keep them this way (:func:`fedbn_med.api.engines.spec_launch`).
 """
 
 from __future__ import annotations

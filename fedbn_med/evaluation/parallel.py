@@ -5,7 +5,7 @@ batches from its own spec, and computes with its own thread count
 (:meth:`fedbn_med.training.trainer.SiteTrainer.pin_threads`), so a run gives the same
 numbers in any process. :func:`run_cells` hands each (fold, seed) cell to one of
 ``workers`` processes, which prepares the cell's sites once and runs every method of it
-(:func:`fedbn_med.training.tracked_run.run_tracked`, logging to the same MLflow store), as
+(:func:`fedbn_med.api.engines.run_inprocess`, logging to the same MLflow store), as
 the one-process comparison does; the results come back in the order of the specs.
 """
 
@@ -20,6 +20,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from fedbn_med.api.result import FederationResult
     from fedbn_med.spec import RunSpec
 
 __all__ = ["default_workers", "map_cells", "run_cells"]
@@ -48,19 +49,19 @@ def _cell_of(spec: RunSpec) -> tuple[int, int]:
     return spec.fold, spec.seed
 
 
-def _run_cell(specs: list[RunSpec], tracking_uri: str | None) -> list[dict[str, Any]]:
+def _run_cell(specs: list[RunSpec], tracking_uri: str | None) -> list[FederationResult]:
     """Run every spec of one (fold, seed) cell on the cell's prepared sites (a worker)."""
+    from fedbn_med.api.engines import run_inprocess, spec_launch
     from fedbn_med.evaluation.cell_data import cell_sites, prepare_sites
-    from fedbn_med.training.tracked_run import run_tracked
 
     sites = cell_sites(specs[0])
     prepared = prepare_sites(specs[0], sites)
-    return [run_tracked(spec, tracking_uri=tracking_uri, prepared=prepared, sites=sites)
-            for spec in specs]
+    return [run_inprocess(spec_launch(spec, prepared=prepared, site_files=sites),
+                          tracking_uri=tracking_uri) for spec in specs]
 
 
 def run_cells(specs: Sequence[RunSpec], *, workers: int, tracking_uri: str | None = None,
-              on_cell: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+              on_cell: Callable[[int], None] | None = None) -> list[FederationResult]:
     """Run an ABIDE comparison's specs in process, cell by cell, in ``workers`` processes.
 
     Parameters
@@ -78,14 +79,14 @@ def run_cells(specs: Sequence[RunSpec], *, workers: int, tracking_uri: str | Non
     Returns
     -------
     list of dict
-        Each spec's :func:`~fedbn_med.training.tracked_run.run_tracked` result, in the
-        order of ``specs``, with its test subjects' predictions.
+        Each spec's :class:`~fedbn_med.api.result.FederationResult`, in the order of
+        ``specs``, with its test subjects' predictions.
     """
     if workers < 1:
         raise ValueError(f"workers must be a positive integer, got {workers}.")
     order = sorted(range(len(specs)), key=lambda i: _cell_of(specs[i]))
     groups = [list(g) for _, g in groupby(order, key=lambda i: _cell_of(specs[i]))]
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, FederationResult] = {}
     if workers == 1 or len(groups) == 1:
         for group in groups:
             for i, result in zip(group, _run_cell([specs[i] for i in group], tracking_uri)):
@@ -102,7 +103,7 @@ def run_cells(specs: Sequence[RunSpec], *, workers: int, tracking_uri: str | Non
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(groups)),
                              mp_context=context) as pool:
-        pending: dict[Future[list[dict[str, Any]]], list[int]] = {
+        pending: dict[Future[list[FederationResult]], list[int]] = {
             pool.submit(_run_cell, [specs[i] for i in group], tracking_uri): group
             for group in groups}
         while pending:

@@ -15,8 +15,8 @@ import numpy as np
 from fedbn_med.evaluation.selection import Rule, select_round
 from fedbn_med.evaluation.tables import format_interval, markdown_table
 
-__all__ = ["RunResult", "convergence_plot", "metrics_at", "paper_table", "paper_table_csv",
-           "result_columns", "run_result", "site_table"]
+__all__ = ["RunResult", "convergence_plot", "metrics_at", "one_class_sites", "paper_table",
+           "paper_table_csv", "result_columns", "run_result", "site_table"]
 
 
 def _fmt(value: float, pct: bool) -> str:
@@ -168,7 +168,8 @@ class RunResult:
     one_class: tuple[str, ...] = ()
 
 
-def _one_class(selected: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
+def one_class_sites(selected: Mapping[str, Mapping[str, float]]) -> tuple[str, ...]:
+    """Return the sites whose scores say they predict one class only (binary tasks)."""
     return tuple(site for site, m in selected.items()
                  if float(m.get("test_positive_rate", 0.5)) in (0.0, 1.0))
 
@@ -223,7 +224,7 @@ def run_result(rows: Sequence[Mapping[str, Any]], sites: Sequence[str] | None = 
     else:
         notes.append(f"Saved model: the shared weights of round {weights_round}, not of the "
                      f"selected round {chosen}.")
-    one_class = _one_class(selected)
+    one_class = one_class_sites(selected)
     for site in one_class:
         share = 100 * float(selected[site]["test_positive_rate"])
         notes.append(f"Warning: {site} predicts one class only at round {chosen} (predicted "

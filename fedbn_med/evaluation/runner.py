@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from fedbn_med.evaluation.cell_data import PreparedSite, cell_sites, prepare_sites
 from fedbn_med.evaluation.comparison import METRICS, Cell, Comparison
-from fedbn_med.evaluation.keeping import BestRoundKeeper, keeping_federation, subject_counts
 from fedbn_med.evaluation.references import reference_cells
 from fedbn_med.spec import settings_module
 
@@ -23,8 +22,7 @@ if TYPE_CHECKING:
     from fedbn_med.spec import RunSpec
     from fedbn_med.tasks.abide.sites import SiteConfig
 
-__all__ = ["BestRoundKeeper", "cell_of_comparison", "compare", "keeping_federation", "run_cell",
-           "run_comparison", "subject_counts", "task_metrics"]
+__all__ = ["cell_of_comparison", "compare", "run_cell", "run_comparison", "task_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +42,8 @@ def run_cell(spec: RunSpec, label: str | None = None,
              sites: Mapping[str, SiteConfig] | None = None) -> Cell:
     """Run one federation of any task in this process and return its cell.
 
-    The sites are built and run by
-    :func:`~fedbn_med.training.inprocess.build_federation`; the cell's best round is the
+    The run is :func:`fedbn_med.run`'s in this process
+    (:func:`fedbn_med.api.engines.run_inprocess`, untracked); the cell's best round is the
     one the task's ``selection`` picks and its scores are the task's
     (:func:`task_metrics`).
 
@@ -65,27 +63,15 @@ def run_cell(spec: RunSpec, label: str | None = None,
     sites : mapping of site name to SiteConfig, optional
         The site files of ``prepared`` (loaded from ``sites/`` when omitted).
     """
+    from fedbn_med.api.engines import run_inprocess, spec_launch
     from fedbn_med.tasks import get_task
-    from fedbn_med.training.inprocess import build_federation
 
-    task = get_task(spec.task)
-    keeper = None
-    if prepared is None:
-        federation = build_federation(spec)
-    else:
-        federation, keeper, prepared = keeping_federation(spec, prepared, sites)
-    history = federation.run(on_round=keeper)
-    n_train, n_test = subject_counts(prepared or {})
-    cell = Cell.from_rows(
-        label or spec.label, spec.fold, spec.seed, history.rows,
-        predictions=keeper.predictions if keeper is not None else None,
-        n_train=n_train, n_test=n_test,
-        metrics=task_metrics(spec.task), selection=task.selection)
-    if keeper is not None and cell.best_round != keeper.best:  # no finite validation score
-        logger.warning("%s fold %d seed %d: predictions kept at round %d, the rows' best "
-                       "round is %d.", cell.strategy, spec.fold, spec.seed, keeper.best,
-                       cell.best_round)
-    return cell
+    result = run_inprocess(spec_launch(spec, prepared=prepared, site_files=sites))
+    return Cell.from_rows(
+        label or spec.label, spec.fold, spec.seed, result.rows,
+        predictions=result.predictions if prepared is not None else None,
+        n_train=result.n_train, n_test=result.n_test,
+        metrics=task_metrics(spec.task), selection=get_task(spec.task).selection)
 
 
 def _data_of(spec: RunSpec) -> tuple[object, ...]:

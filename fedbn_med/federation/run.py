@@ -143,11 +143,12 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
     with LocalFederation(options.workdir, host=options.host, port=options.port,
                          tls=options.tls, node_auth=options.node_auth) as fed:
         started = time.monotonic()
-        # Everything that can start at once does: the site host loads torch and MONAI
-        # while the SuperLink comes up, and the run is submitted before the sites are
-        # ready (the ServerApp waits for them), so its start overlaps theirs.
+        # Everything that can start at once does: the site host loads torch (and MONAI
+        # for an imaging task) while the SuperLink comes up, and the run is submitted
+        # before the sites are ready (the ServerApp waits for them), so its start
+        # overlaps theirs.
         say(f"Starting the Flower SuperLink on 127.0.0.1 and {len(sites)} site processes "
-            "(each loads torch, MONAI and its data) ...")
+            "(each loads torch and its data) ...")
         fed.start_site_host(threads=threads, preload=[first.task])
         fed.start_superlink()
         for i, config in enumerate(configs):

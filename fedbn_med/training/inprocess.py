@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fedbn_med.evaluation.selection import Rule
     from fedbn_med.spec import RunSpec
 
-__all__ = ["Federation", "History", "build_federation", "run_in_process", "run_spec"]
+__all__ = ["Federation", "History", "RoundCallback", "build_federation", "run_in_process"]
 
 logger = logging.getLogger(__name__)
 
@@ -370,13 +370,3 @@ def build_federation(spec: RunSpec, datas: Mapping[str, Any] | None = None) -> F
               if strategy.pooled and task.build_pooled is not None else None)
     return Federation(spec, trainers, pooled)
 
-
-def run_spec(spec: RunSpec, on_round: RoundCallback | None = None
-             ) -> tuple[History, frozenset[str]]:
-    """Build the sites of ``spec`` through its task and run them in this process.
-
-    Returns the history and the keys the sites kept home (BN layers under FedBN); see
-    :func:`build_federation`.
-    """
-    federation = build_federation(spec)
-    return federation.run(on_round), federation.kept
