@@ -60,7 +60,9 @@ def _comparison(specs: list[RunSpec], results: list[FederationResult]) -> Compar
                                       predictions=result.predictions or None,
                                       n_train=result.n_train, n_test=result.n_test,
                                       metrics=metrics, selection=selection))
-    if specs[0].task == "abide":  # the majority-class and motion-only rows
+    from fedbn_med.evaluation.cell_data import has_cells
+
+    if has_cells(specs[0].task):  # the reference rows (majority class, motion, ridge)
         from fedbn_med.evaluation.references import add_reference_rows
 
         add_reference_rows(comparison, specs[0], dict.fromkeys((s.fold, s.seed)

@@ -167,7 +167,7 @@ def compare(sites: Sequence[str], data_dir: str | Path | None = None,
             strategies: Sequence[str] = ("singleset", "fedavg", "fedprox", "fedbn",
                                          "centralized"),
             *, folds: int = 5, seeds: int = 3, seed: int = 0, progress: bool = False,
-            **changes: Any) -> Comparison:
+            task: str = "abide", **changes: Any) -> Comparison:
     """Compare strategies on a list of sites from a data folder, under this protocol.
 
     Parameters
@@ -175,11 +175,14 @@ def compare(sites: Sequence[str], data_dir: str | Path | None = None,
     sites : sequence of str
         Site names (files in ``sites/``).
     data_dir : path, optional
-        The folder holding ``ABIDE_pcp/``; None: each site's file, else the built-in data.
+        The task's data folder (ABIDE: the one holding ``ABIDE_pcp/``); None: each site's
+        file, else the built-in data.
     strategies : sequence of str
         Strategy names; FedProx gets the paper's mu = 0.01 unless ``mu`` is given.
     folds, seeds : int
         Test folds ``0..folds-1`` and repetitions ``seed..seed+seeds-1``.
+    task : str
+        The registered task whose sites these are.
     **changes
         Any other run setting (``rounds``, ``lr``, ...), as :meth:`RunSpec.for_task`.
     """
@@ -188,7 +191,7 @@ def compare(sites: Sequence[str], data_dir: str | Path | None = None,
     specs = {}
     for name in strategies:
         mu = changes.get("mu", 1e-2 if name == "fedprox" else None)
-        spec = RunSpec.for_task("abide", **{**changes, "strategy": name, "mu": mu,
+        spec = RunSpec.for_task(task, **{**changes, "strategy": name, "mu": mu,
                                             "sites": tuple(sites),
                                             "data_dir": None if data_dir is None
                                             else Path(data_dir)})
