@@ -15,8 +15,12 @@ and option errors answer at once.
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
 import math
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXPERIMENT", "FEDPROX_MU", "LABELS", "N_FOLDS", "RESULTS_DIR", "Benchmark", "Budget",
     "curve", "float_list", "format_mean_std", "make_parser", "markdown_table", "mean_std",
-    "prepare_all", "selected", "site_mean", "strategy_config",
+    "prepare_all", "scratch_dir", "selected", "site_mean", "strategy_config",
 ]
 
 BENCHMARK_DIR = Path(__file__).resolve().parent
@@ -327,6 +331,19 @@ def strategy_config(bench: Benchmark, strategy: str, **changes: Any) -> RunSpec:
     """Return the run configuration of a strategy (FedProx gets the paper's mu)."""
     mu = FEDPROX_MU if strategy == "fedprox" else None
     return bench.config(strategy=strategy, mu=mu, **changes)
+
+
+@functools.cache
+def scratch_dir() -> Path:
+    """Return this process's folder for each run's selected weights, removed at exit.
+
+    :func:`fedbn_med.run` writes a run's selected weights where it is told (else into a
+    new temporary folder each time); a benchmark reads its runs' scores, so every run
+    writes over the previous one's files here.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="fedbn-med-bench-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def prepare_all(config: RunSpec, sites: Mapping[str, SiteConfig] | None = None

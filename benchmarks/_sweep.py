@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
-from _common import N_FOLDS, Benchmark
+from _common import N_FOLDS, Benchmark, scratch_dir
 from _plots import bar_plot
 
 from fedbn_med.evaluation.comparison import Cell, Comparison, interval
@@ -85,7 +85,7 @@ def run_grid(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],
         datas = data(value, config) if data is not None else None
         if sites is not None and tuple(sites) != config.sites:
             config = config.replace(sites=tuple(sites))
-        yield value, strategy, fold, seed, run(config, data=datas)
+        yield value, strategy, fold, seed, run(config, data=datas, workdir=scratch_dir())
 
 
 def sweep(bench: Benchmark, axis: Sequence[V], strategies: Sequence[str],

@@ -83,8 +83,9 @@ def test_an_entry_point_task_works_with_the_spec_run_tracking_and_cli(
                                   "tags.kind = 'federation'")) == 2
 
 
-def test_a_tasks_run_names_its_sites(squares: Path) -> None:
-    result = fb.run("squares", sites=("south",), rounds=1, batch_size=3)
+def test_a_tasks_run_names_its_sites(squares: Path, tmp_path: Path) -> None:
+    result = fb.run("squares", sites=("south",), rounds=1, batch_size=3,
+                    workdir=tmp_path / "run")
     assert result.sites == ("south",) and set(result.selected) == {"south"}
 
 

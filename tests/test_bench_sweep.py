@@ -79,7 +79,7 @@ def test_sweep_pairs_by_cell_when_runs_arrive_shuffled(benchmark_module, monkeyp
         random.Random(1).shuffle(grid)
         return grid
 
-    def fake_run(config, *, data=None):
+    def fake_run(config, *, data=None, workdir=None):
         score = _score(config.strategy, config.lr, config.fold, config.seed)
         return SimpleNamespace(rows=_rows(score))
 

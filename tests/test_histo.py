@@ -126,7 +126,7 @@ def test_the_task_passes_its_checks_and_runs_on_a_release_by_organ(tmp_path: Pat
         write_tile(root, f"TCGA-{code}-{i:04d}-01Z-00-DX1", size=48, stain=i // 4, seed=i)
     spec = fb.RunSpec.for_task("histo", **small, data_dir=tmp_path / "release",
                                site_rule="organ", sites=("breast", "kidney"), rounds=1)
-    result = fb.run(spec)
+    result = fb.run(spec, workdir=tmp_path / "run")
     assert result.sites == ("breast", "kidney")
     assert all(0.0 <= m["test_aji"] <= 1.0 and 0.0 <= m["test_dice"] <= 1.0
                for m in result.selected.values())

@@ -90,7 +90,7 @@ def test_benchmark_run_builds_sites_through_the_registry(
             assert torch.equal(value, via_task.model.state_dict()[key])
     from fedbn_med import run
 
-    result = run(spec.replace(strategy="centralized"), data=datas)
+    result = run(spec.replace(strategy="centralized"), data=datas, workdir=tmp_path / "run")
     assert result.last_round == 1
     assert {r["site"] for r in result.rows} == {"NYU", "UM"}
 

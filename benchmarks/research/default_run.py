@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
-from _common import markdown_table
+from _common import markdown_table, scratch_dir
 
 from fedbn_med import run
 
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     body, below, one_class, total, first_table = [], 0, 0, 0, ""
     rows: list[dict[str, object]] = []
     for fold in range(folds):
-        result = run(spec.replace(fold=fold))
+        result = run(spec.replace(fold=fold), workdir=scratch_dir())
         motion = _motion_auc(spec.replace(fold=fold))
         sel, last = result.selected, result.last
         accs = [float(sel[s]["test_accuracy"]) for s in spec.sites]

@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
-from _common import N_FOLDS, Benchmark, Budget, make_parser, markdown_table, positive_int
+from _common import (
+    N_FOLDS,
+    Benchmark,
+    Budget,
+    make_parser,
+    markdown_table,
+    positive_int,
+    scratch_dir,
+)
 from _plots import bar_plot
 from _sweep import inner_datas, inner_references
 from _sweep_grid import (
@@ -205,8 +213,9 @@ class Sweep:
             started = time.perf_counter()
             spec = self.spec(group, by_config[config]).replace(fold=fold, seed=seed)
             # nested: inner train / validation / test of the outer training part only
-            rows = (run(spec, data=inner_datas(spec.sites, spec, self.inner_folds, inner)).rows
-                    if inner >= 0 else run(spec).rows)
+            rows = (run(spec, data=inner_datas(spec.sites, spec, self.inner_folds, inner),
+                        workdir=scratch_dir()).rows
+                    if inner >= 0 else run(spec, workdir=scratch_dir()).rows)
             from fedbn_med.evaluation.comparison import best_round
 
             best, last = best_round(rows), max(int(r["round"]) for r in rows)

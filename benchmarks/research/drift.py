@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
-from _common import FEDPROX_MU, Benchmark, Budget, curve, make_parser, markdown_table
+from _common import (
+    FEDPROX_MU,
+    Benchmark,
+    Budget,
+    curve,
+    make_parser,
+    markdown_table,
+    scratch_dir,
+)
 from _plots import Panel, line_panels
 from _sweep import corrected, interval_caption
 from rounds_to_target import rounds_to, smoothed
@@ -129,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for fold in setting.folds]
     for setting, label, fold in bench.progress(grid):
         strategy, mu = METHODS[label]
-        history = run(setting.spec(strategy, mu, fold))
+        history = run(setting.spec(strategy, mu, fold), workdir=scratch_dir())
         # the target is read off the validation curve: no test score picks a round
         curves.setdefault((setting.name, label), []).append(
             curve(history, f"val_{setting.metric}"))

@@ -36,6 +36,7 @@ from _common import (
     make_parser,
     markdown_table,
     positive_int,
+    scratch_dir,
     site_mean,
 )
 from _plots import bar_plot
@@ -139,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     picked: dict[tuple[str, str], list[int]] = {}
     for g, fold, seed, inner in bench.progress(grid, NAME):
         spec = base.replace(sites=groups[g], fold=fold, seed=seed)
-        history = run(spec, data=inner_datas(groups[g], spec, inner_folds, inner))
+        history = run(spec, data=inner_datas(groups[g], spec, inner_folds, inner),
+                      workdir=scratch_dir())
         for name, rule in table_rules.items():
             rnd = rule(history)
             scores.setdefault((name, g), []).append(score_at(history, rnd))

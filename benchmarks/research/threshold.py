@@ -26,7 +26,7 @@ from pathlib import Path
 
 import _on_path  # noqa: F401  (benchmarks/ on the path: the shared _common, _sweep, _plots)
 import numpy as np
-from _common import Benchmark, Budget, make_parser, markdown_table
+from _common import Benchmark, Budget, make_parser, markdown_table, scratch_dir
 from _plots import bar_plot
 from _sweep import corrected, one_class_sites, references
 from defaults_sweep import add_groups_option, resolve_groups
@@ -77,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: dict[tuple[str, str], list[dict[str, float]]] = {}
     sites: dict[tuple[str, str], list[dict[str, float]]] = {}
     for g, fold, seed, t in bench.progress(grid, NAME):
-        rows = run(base.replace(sites=groups[g], fold=fold, seed=seed, threshold=t)).rows
+        rows = run(base.replace(sites=groups[g], fold=fold, seed=seed, threshold=t),
+                   workdir=scratch_dir()).rows
         per_site = site_scores(rows, best_round(rows))
         sites.setdefault((t, g), []).extend(per_site)
         cells.setdefault((t, g), []).append(

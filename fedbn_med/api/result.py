@@ -34,11 +34,13 @@ class FederationResult:
         The per-site markdown table of the selected round, the last round beside it.
     shared_weights : str or None
         Where the selected round's shared weights are: a safetensors file, or an MLflow
-        artifact URI (``runs:/<id>/model/selected``); None when nothing is shared
-        (SingleSet).
+        artifact URI (``runs:/<id>/model/selected``, a tracked comparison's run, which
+        writes no file); None when nothing is shared (SingleSet) or an untracked
+        comparison's run.
     kept_weights : dict of str to Path
         Each site's layers that never leave it (its BN layers under FedBN) at the selected
-        round, as safetensors files (empty when no site keeps a layer).
+        round, as safetensors files (empty when no site keeps a layer, and for a
+        comparison's runs in this process, which write no file).
     run_id : str or None
         The MLflow parent run (None when the run was not tracked).
     tracking_uri : str or None

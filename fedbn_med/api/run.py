@@ -97,9 +97,9 @@ def run(what: RunSpec | str | nn.Module | Sequence[RunSpec],
     workdir : path, optional
         Where the selected round's weights are written: the shared weights
         (``shared.selected.safetensors``) and each site's kept layers
-        (``<site>.selected.safetensors``). None: no file in this process (the shared
-        weights are in MLflow when tracked); over Flower, every process's files go to a
-        new temporary folder. A comparison in this process writes no weights.
+        (``<site>.selected.safetensors``); over Flower, every process's files. Default: a
+        new temporary folder. A comparison in this process writes no weights (its shared
+        weights are in MLflow when tracked).
     experiment : str
         The MLflow experiment of a network's run (a task's run uses the task's).
     progress : bool
@@ -143,7 +143,7 @@ def run(what: RunSpec | str | nn.Module | Sequence[RunSpec],
                              "(fedbn_med.register_task) so that each site process can "
                              "build it.")
         launch = _model_launch(what, sites, objective, experiment, settings)
-        return run_inprocess(launch, tracking_uri=tracking_uri, workdir=folder,
+        return run_inprocess(launch, tracking_uri=tracking_uri, workdir=_folder(folder),
                              progress=progress)
     if sites is not None and not isinstance(sites, Mapping):
         settings["sites"] = tuple(sites)  # a task's run names its sites
@@ -187,20 +187,26 @@ def _run_specs(specs: list[RunSpec], engine: str, tracking_uri: str | None,
     """Run specs on ``engine``; one result per spec, in order.
 
     A strategy that trains on every site's data (Centralized) runs in this process
-    whatever the engine. A comparison (``one`` false) in this process of a task with
-    subject-level cells runs each cell's methods on the same subjects, and keeps each test
-    subject's prediction (:func:`fedbn_med.evaluation.parallel.run_cells`).
+    whatever the engine (logged to the same store as the Flower runs). A comparison
+    (``one`` false) in this process of a task with subject-level cells runs each cell's
+    methods on the same subjects, and keeps each test subject's prediction
+    (:func:`fedbn_med.evaluation.parallel.run_cells`).
     """
-    local = [s for s in specs if engine == "inprocess" or s.strategy_obj().reads_every_site]
-    by_spec: dict[int, FederationResult] = {}
-    federated = [s for s in specs if all(s is not x for x in local)]
+    if one and workers is not None:
+        raise ValueError("workers= runs a comparison's cells at once; one run has none.")
+    if engine == "flower":
+        folder = _folder(folder)
+        tracking_uri = tracking_uri or f"sqlite:///{folder / 'mlflow.db'}"
+    local = [i for i, s in enumerate(specs)
+             if engine == "inprocess" or s.strategy_obj().reads_every_site]
+    federated = [i for i in range(len(specs)) if i not in local]
+    out: dict[int, FederationResult] = {}
     if federated:  # Flower loads only here: a second's import an in-process run skips
-        where = _folder(folder)
-        for spec, result in zip(federated, run_on_flower(
-                federated, where, tracking_uri or f"sqlite:///{where / 'mlflow.db'}",
-                progress=progress, server=server)):
-            by_spec[id(spec)] = result
-    if not one and engine == "inprocess" and _has_cells(local[0].task):
+        assert folder is not None and tracking_uri is not None
+        out.update(zip(federated, run_on_flower([specs[i] for i in federated], folder,
+                                                tracking_uri, progress=progress,
+                                                server=server)))
+    if not one and engine == "inprocess" and _has_cells(specs[0].task):
         from tqdm.auto import tqdm
 
         from fedbn_med.evaluation.parallel import default_workers, run_cells
@@ -208,18 +214,16 @@ def _run_specs(specs: list[RunSpec], engine: str, tracking_uri: str | None,
         if data is not None:
             raise ValueError("A comparison's cells prepare their own subjects; data= goes "
                              "with one run.")
-        with tqdm(total=len(local), desc="compare", unit="run", disable=not progress) as bar:
-            for spec, result in zip(local, run_cells(
-                    local, workers=workers or default_workers(local),
-                    tracking_uri=tracking_uri, on_cell=bar.update)):
-                by_spec[id(spec)] = result
+        cells = [specs[i] for i in local]
+        with tqdm(total=len(cells), desc="compare", unit="run", disable=not progress) as bar:
+            out.update(zip(local, run_cells(cells, workers=workers or default_workers(cells),
+                                            tracking_uri=tracking_uri, on_cell=bar.update)))
     else:
-        for spec in local:
-            by_spec[id(spec)] = run_inprocess(spec_launch(spec, data=data),
-                                              tracking_uri=tracking_uri,
-                                              workdir=folder if one else None,
-                                              progress=progress)
-    return [by_spec[id(s)] for s in specs]
+        for i in local:
+            out[i] = run_inprocess(spec_launch(specs[i], data=data), tracking_uri=tracking_uri,
+                                   workdir=_folder(folder) if one else None,
+                                   progress=progress)
+    return [out[i] for i in range(len(specs))]
 
 
 def _has_cells(task: str) -> bool:

@@ -34,8 +34,9 @@ def print_results(specs: list[RunSpec], results: list[FederationResult], compare
         print(results[0].table)
         kept = list(results[0].kept_weights.values())
         if kept and results[0].engine == "inprocess":  # each site's private layers
-            print(f"\nEach site's kept layers of the selected round (with the shared weights "
-                  f"of model/selected, its selected model; never logged to MLflow): "
+            print(f"\nThe selected round's weights: the shared ones in "
+                  f"{results[0].shared_weights} (and MLflow's model/selected), each site's "
+                  f"kept layers (never logged to MLflow) in "
                   f"{kept[0].parent}/<site>.selected.safetensors")
     from fedbn_med.tracking import runs_page
 

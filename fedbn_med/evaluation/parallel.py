@@ -72,13 +72,13 @@ def run_cells(specs: Sequence[RunSpec], *, workers: int, tracking_uri: str | Non
     workers : int
         Processes (each computes one cell at a time; 1 runs them all in this process).
     tracking_uri : str, optional
-        The MLflow store every run logs to.
+        The MLflow store every run logs to (None: the runs are not tracked).
     on_cell : callable, optional
         Called with the number of runs of each cell as it finishes (a progress bar).
 
     Returns
     -------
-    list of dict
+    list of FederationResult
         Each spec's :class:`~fedbn_med.api.result.FederationResult`, in the order of
         ``specs``, with its test subjects' predictions.
     """
