@@ -352,3 +352,17 @@ def test_in_process_keeps_each_site_s_selected_layers_beside_the_shared_weights(
             "test_auc")
         logged = next(m.value for m in rows if m.step == chosen)
         assert scores["test_auc"] == pytest.approx(logged, abs=1e-4), site
+
+
+def test_only_a_binary_objective_gives_subject_predictions() -> None:
+    from fedbn_med import Segmentation
+
+    trainer = _trainer(False)
+    x = trainer.data.test[0]
+    prob = trainer.predict(x)
+    assert prob.shape == (x.shape[0],) and not prob.requires_grad
+    assert trainer.predict(x[:0]).shape == (0,)
+    with pytest.raises(NotImplementedError, match="Segmentation gives no per-example "
+                                                  "probability of a positive class"):
+        Segmentation(("background", "nucleus"), inferer=None).predict(  # type: ignore[arg-type]
+            trainer.model, x, trainer.device)

@@ -95,6 +95,17 @@ class Objective:
         return {f"{split}_{k}": v for split in splits
                 for k, v in self.score(model, data, split, device).items()}
 
+    def predict(self, model: nn.Module, x: torch.Tensor, device: torch.device
+                ) -> torch.Tensor:
+        """Return each example's predicted probability of the positive class (CPU).
+
+        What a comparison keeps per test subject for the paired tests (binary tasks);
+        an objective without one says so.
+        """
+        raise NotImplementedError(f"{type(self).__name__} gives no per-example probability "
+                                  "of a positive class; subject-level predictions need a "
+                                  "binary objective (BinaryClassification).")
+
 
 @torch.no_grad()
 def _logits(model: nn.Module, x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -243,6 +254,14 @@ class BinaryClassification(Objective):
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Return the mean cross-entropy of the logits."""
         return nn.functional.cross_entropy(output, target)
+
+    @torch.no_grad()
+    def predict(self, model: nn.Module, x: torch.Tensor, device: torch.device
+                ) -> torch.Tensor:
+        """Return each row's probability of the positive class (the second logit's)."""
+        if x.shape[0] == 0:
+            return torch.empty(0)
+        return torch.softmax(_logits(model, x, device), dim=1)[:, 1]
 
     def decision_threshold(self, model: nn.Module, data: Any, device: torch.device) -> float:
         """Return the P(ASD) at and above which ``model`` predicts ASD at this site."""

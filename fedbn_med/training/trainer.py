@@ -376,12 +376,13 @@ class SiteTrainer:
 
     @torch.no_grad()
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """Return the probability of the positive class for each example, as scored."""
+        """Return each example's probability of the positive class, as the site scores.
+
+        The objective's (:meth:`~fedbn_med.training.objective.Objective.predict`: binary
+        objectives only), with the BN statistics of :meth:`scoring_bn`.
+        """
         with self.scoring_bn():
-            self.model.eval()
-            out = [torch.softmax(self.model(x[s:s + 512].to(self.device)), dim=1)[:, 1].cpu()
-                   for s in range(0, x.shape[0], 512)]
-        return torch.cat(out) if out else torch.empty(0)
+            return self.objective.predict(self.model, x, self.device)
 
     def score(self, data: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Load the given global weights and score the validation and test splits.
