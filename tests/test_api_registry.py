@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -122,13 +123,26 @@ def test_an_entry_point_task_runs_over_flower_and_is_tracked(
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTHONPATH", f"{squares}:{root}")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    before = int(time.time() * 1000)
     result = fb.run("squares", engine="flower", rounds=2, batch_size=3,
                     workdir=tmp_path / "flower", tracking_uri=uri)
+    after = int(time.time() * 1000)
     assert result.engine == "flower" and result.last_round == 2
     assert [r["round"] for r in result.site_rounds("south")] == [1, 2]
     assert sorted(result.kept_weights) == ["north", "south"]
     assert all(f".round-{result.selected_round}." in p.name
                for p in result.kept_weights.values())
     assert Path(str(result.shared_weights)).is_file()
-    run = MlflowClient(tracking_uri=uri).get_run(str(result.run_id))
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(str(result.run_id))
     assert run.data.params["task"] == "squares"
+    # its MLflow runs start when the federation did, so their duration counts the
+    # start-up (the SuperLink, the site processes, the server opening its store)
+    from fedbn_med.federation.events import Ready, read_events
+
+    (run_dir,) = (tmp_path / "flower").glob("run-0-*")
+    ready = next(e.t for e in read_events(run_dir / "progress.jsonl") if isinstance(e, Ready))
+    assert before <= run.info.start_time < 1000 * ready < run.info.end_time <= after
+    children = client.search_runs([run.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{result.run_id}'")
+    assert {c.info.start_time for c in children} == {run.info.start_time}

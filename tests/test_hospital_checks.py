@@ -66,3 +66,14 @@ def test_private_keys_are_never_readable_by_others(tmp_path):
         os.umask(old)
     for path in (files.ca_key, files.server_key, files.site_keys["NYU"][0]):
         assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_server_settings_take_a_start_time_and_refuse_a_bad_one(tmp_path) -> None:
+    from fedbn_med.federation.config import ServerSettings
+
+    settings = ServerSettings(workdir=tmp_path, started_ms=1_700_000_000_000)
+    assert ServerSettings.from_dict(settings.to_dict()).started_ms == 1_700_000_000_000
+    for bad in (-1, 1.5, True, "now"):
+        with pytest.raises(ValueError, match=r"started_ms must be a whole number >= 0 "
+                                             r"\(milliseconds since the epoch\)"):
+            ServerSettings(workdir=tmp_path, started_ms=bad)

@@ -297,9 +297,11 @@ def run_on_flower(specs: Sequence[RunSpec], workdir: Path, tracking_uri: str, *,
     ``round_timeout``). Each result points at its run's files under ``workdir``: the
     server's selected shared weights and each site's kept layers of that round.
     """
+    started_ms = int(time.time() * 1000)  # the first run's MLflow runs start now
     from fedbn_med.federation.run import FlowerOptions, run_flower
 
-    options = FlowerOptions.local(workdir, tracking_uri, progress=progress, **(server or {}))
+    options = FlowerOptions.local(workdir, tracking_uri, progress=progress,
+                                  **{"started_ms": started_ms, **(server or {})})
     results = []
     for i, (spec, values) in enumerate(zip(specs, run_flower(specs, options))):
         run_dir = workdir / f"run-{i}-{spec.strategy_obj().label}-f{spec.fold}"

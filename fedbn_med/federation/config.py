@@ -108,6 +108,10 @@ class ServerSettings:
         Under SecAgg, the range +-secagg_clip of every exchanged value (quantisation).
     secagg_max_norm : float
         Under SecAgg, the largest update norm a site sends (each site checks its own).
+    started_ms : int
+        When the command that started this federation began (milliseconds since the
+        epoch): the MLflow runs start then, so that their duration counts the start-up.
+        0: when the server opens them.
     """
 
     workdir: Path
@@ -125,6 +129,7 @@ class ServerSettings:
     secagg: bool = False
     secagg_clip: float = 8.0
     secagg_max_norm: float = 100.0
+    started_ms: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workdir", Path(self.workdir))
@@ -144,6 +149,10 @@ class ServerSettings:
                              f">= 1, got {self.registered_counts!r}.")
         if not isinstance(self.min_sites, int) or self.min_sites < 0:
             raise ValueError(f"min_sites must be an integer >= 0, got {self.min_sites!r}.")
+        if not isinstance(self.started_ms, int) or isinstance(self.started_ms, bool) or (
+                self.started_ms < 0):
+            raise ValueError(f"started_ms must be a whole number >= 0 (milliseconds since "
+                             f"the epoch), got {self.started_ms!r}.")
         if not isinstance(self.secagg, bool):
             raise ValueError(f"secagg must be true or false, got {self.secagg!r}.")
         for name in ("wait_timeout", "round_timeout", "secagg_clip", "secagg_max_norm"):

@@ -123,6 +123,8 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
     ``cuda:(i mod n)`` (see :mod:`fedbn_med.federation.launcher.devices`). The task's
     built-in data are made first, so that local sites never race to write them.
     """
+    # the first run's MLflow runs start when the caller began (else now)
+    begun_ms = options.server.started_ms or int(time.time() * 1000)
     configs = list(configs)
     first = configs[0]
     sites = list(first.sites)
@@ -153,8 +155,10 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
         fed.start_superlink()
         for i, config in enumerate(configs):
             run_dir = options.workdir / f"run-{i}-{config.strategy_obj().label}-f{config.fold}"
-            settings = dataclasses.replace(options.server, workdir=run_dir,
-                                           federation_id=f"{options.server.federation_id}-{i}")
+            settings = dataclasses.replace(
+                options.server, workdir=run_dir,
+                federation_id=f"{options.server.federation_id}-{i}",
+                started_ms=begun_ms if i == 0 else int(time.time() * 1000))
             run_dir.mkdir(parents=True, exist_ok=True)
             progress = _Progress(config.rounds, config.strategy_obj().label, options.progress)
             try:

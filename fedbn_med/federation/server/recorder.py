@@ -103,14 +103,18 @@ class RunRecorder:
         self.event(TrackingWarm())  # made now, so its time is when the store opened
 
     def open_tracking(self, experiment: str, label: str, params: Mapping[str, object],
-                      sites: list[str], parent_run_id: str | None) -> None:
-        """Create the run's MLflow runs (or reopen a resumed run's), catching up on rows."""
+                      sites: list[str], parent_run_id: str | None,
+                      start_time: int | None = None) -> None:
+        """Create the run's MLflow runs (or reopen a resumed run's), catching up on rows.
+
+        ``start_time`` (ms since the epoch): when new runs start (default: now).
+        """
         self._worker().flush()
         from fedbn_med.tracking import tracked
 
         self.tracker = self._tracking.enter_context(tracked(
             experiment, label, dict(params), sites, tracking_uri=self.tracking_uri,
-            parent_run_id=parent_run_id))
+            parent_run_id=parent_run_id, start_time=start_time))
         if parent_run_id is not None:
             # Rounds the checkpoint holds but the store missed (logging runs behind the
             # rounds), then a round that may have been logged in part before the crash.

@@ -194,7 +194,8 @@ class FederationServer:
                 self.settings.experiment or self.task.experiment, self.strategy.label,
                 {**self.config.params(), "min_sites": self.min_sites,
                  "federation_id": self.settings.federation_id, "engine": "flower"},
-                self.registry.names(), parent_id)
+                self.registry.names(), parent_id,
+                start_time=(self.settings.started_ms or None) if parent_id is None else None)
             for rnd in range(self.start_round, self.config.rounds + 1):
                 self.pending = self._round(rnd, self.pending)
             self._close(self.pending)
