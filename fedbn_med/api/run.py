@@ -14,8 +14,11 @@ comparison: every run on one engine (over Flower, one federation serves them all
 this process, a task with subject-level cells runs each cell's methods on the same
 subjects, cells in parallel processes), one result per spec.
 
-This is the one way a federation runs: the command line, the comparisons, onboarding's
-benchmarks and the library call it; the engines are :mod:`fedbn_med.api.engines`.
+This is the one way a federation runs: the command line, the comparisons, the
+benchmarks and the library call it; the engines are :mod:`fedbn_med.api.engines`. (Two
+callers use the in-process engine's parts directly, for what a result does not hold:
+onboarding trains a quick federation for its weights and BN layers, and two benchmarks
+time or digest the engine itself.)
 """
 
 from __future__ import annotations
