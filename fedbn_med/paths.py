@@ -7,11 +7,18 @@ directory. The default MLflow store does (:func:`default_tracking_uri`).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import shutil
+import sqlite3
+import tempfile
 from pathlib import Path
 
 __all__ = ["DATA_ENV_VAR", "DEFAULT_DATA_DIR", "default_tracking_uri", "repo_root",
-           "resolve_data_dir"]
+           "resolve_data_dir", "seed_store"]
+
+logger = logging.getLogger(__name__)
 
 DATA_ENV_VAR = "FEDBN_MED_DATA"
 DEFAULT_DATA_DIR = "~/fedbn_med_data"
@@ -79,3 +86,56 @@ def default_tracking_uri() -> str:
     store.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{store / 'mlflow.db'}"
 
+
+
+def seed_store(tracking_uri: str) -> None:
+    """Start a new sqlite MLflow store as a copy of an empty, already migrated one.
+
+    MLflow makes a new sqlite store by running every schema migration of its history,
+    about a second of CPU in each process that opens a new store (every first run in a
+    folder, and most tests). The first new store made on a machine, per MLflow version,
+    is kept without its ``Default`` experiment as ``~/.cache/fedbn_med/mlflow-<version>-
+    empty.db`` (``$XDG_CACHE_HOME`` if set); each later new store starts as a copy of it,
+    and MLflow then adds its ``Default`` experiment as to any empty store. A store that
+    exists, or any other URI, is left alone; on any failure MLflow makes the store as
+    it always does.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return
+    path = Path(tracking_uri[len("sqlite:///"):])
+    if path.exists():
+        return
+    try:
+        template = _empty_store()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        seed = path.with_name(f".{path.name}.{os.getpid()}.seed")
+        shutil.copyfile(template, seed)
+        try:
+            os.link(seed, path)  # only if no other process has made the store meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            seed.unlink(missing_ok=True)
+    except Exception as err:  # noqa: BLE001 - MLflow makes the store itself
+        logger.debug("MLflow makes the store %s itself: %s", path, err)
+
+
+def _empty_store() -> Path:
+    """Return the migrated, empty store of this MLflow version (made on first use)."""
+    from mlflow.tracking import MlflowClient
+
+    import mlflow
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fedbn_med"
+    template = cache / f"mlflow-{mlflow.__version__}-empty.db"
+    if template.is_file():
+        return template
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        made = Path(tmp) / "store.db"
+        MlflowClient(f"sqlite:///{made}").search_experiments(max_results=1)  # migrates
+        with contextlib.closing(sqlite3.connect(made)) as db:
+            db.execute("DELETE FROM experiments WHERE experiment_id = 0")  # MLflow's own
+            db.commit()
+        os.replace(made, template)  # whole, or not at all, for every other process
+    return template

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
 import mlflow
-from fedbn_med.paths import default_tracking_uri, repo_root
+from fedbn_med.paths import default_tracking_uri, repo_root, seed_store
 
 __all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
            "end_status", "read_sites_per_round", "runs_page", "tracked", "warm_up"]
@@ -74,8 +74,9 @@ def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
 
 def warm_up(tracking_uri: str | None = None) -> None:
     """Open the store once (creating or migrating its database) so later calls are quick."""
-    MlflowClient(tracking_uri=tracking_uri or default_tracking_uri()).search_experiments(
-        max_results=1)
+    uri = tracking_uri or default_tracking_uri()
+    seed_store(uri)
+    MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
 
 def _code_version() -> str:
@@ -136,6 +137,7 @@ class FederationTracker:
     ) -> None:
         self.start_time = start_time  # ms since the epoch: when the run began (None: now)
         self.tracking_uri = tracking_uri or default_tracking_uri()
+        seed_store(self.tracking_uri)
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self.experiment_id = self._experiment(experiment)
         self.sites = list(sites)

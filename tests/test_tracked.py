@@ -166,3 +166,35 @@ def test_a_federation_server_that_crashes_fails_its_runs_and_a_resume_finishes_t
     crash["round"] = 0
     _server(tmp_path, ScriptedGrid(sites, answer), rounds=3, resume=True).run()
     assert _statuses(store, experiment) == dict.fromkeys(failed, "FINISHED")
+
+
+# -- a new store ---------------------------------------------------------------------------
+def test_a_new_store_starts_from_a_migrated_empty_copy(tmp_path, monkeypatch):
+    import sqlite3
+
+    from fedbn_med.paths import seed_store
+    from fedbn_med.tracking import warm_up
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    first, second = tmp_path / "a" / "mlflow.db", tmp_path / "b" / "mlflow.db"
+    warm_up(f"sqlite:///{first}")  # MLflow migrates once; its empty store is kept
+    (template,) = (tmp_path / "cache" / "fedbn_med").glob("mlflow-*-empty.db")
+    with sqlite3.connect(template) as db:
+        assert db.execute("SELECT count(*) FROM experiments").fetchone() == (0,)
+    seed_store(f"sqlite:///{second}")
+    assert second.read_bytes() == template.read_bytes()
+    # MLflow takes the copy as its own: it adds its Default experiment, here, and the runs
+    with tracked("exp", "fedbn", {"lr": 0.1}, ["NYU"], tracking_uri=f"sqlite:///{second}",
+                 tags={"kind": "federation"}) as tracker:
+        tracker.log_metrics({"x": 1.0})
+    client = MlflowClient(tracking_uri=f"sqlite:///{second}")
+    assert sorted(e.name for e in client.search_experiments()) == ["Default", "exp"]
+    assert str(tmp_path / "mlruns") in client.get_experiment("0").artifact_location
+    assert client.get_run(tracker.parent_id).data.metrics["x"] == 1.0
+    # a store that exists is left alone, and so is any other kind of store
+    kept = second.read_bytes()
+    seed_store(f"sqlite:///{second}")
+    assert second.read_bytes() == kept
+    seed_store("http://127.0.0.1:5000")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "cache"]
