@@ -201,8 +201,9 @@ class LocalFederation:
         """Start the site host, which loads the training stack once for every local site.
 
         Sites started afterwards (without a ``prefix``) are forked from it instead of
-        importing torch, MONAI and Flower each on their own. ``preload`` names the tasks
-        whose modules it imports too (default: every registered task). See
+        importing torch and Flower (and an imaging task's MONAI) each on their own.
+        ``preload`` names the tasks whose modules it imports too (default: every
+        registered task). See
         :mod:`fedbn_med.federation.launcher.sitehost`.
         """
         if self._site_host is not None and self._site_host.running():

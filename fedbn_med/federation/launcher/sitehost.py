@@ -1,11 +1,12 @@
 """A site host: load the training stack once, then fork one process per site.
 
-A site process spends about 8 s of CPU importing torch, MONAI and Flower before it can
-load a single subject. A hospital runs one site and pays that once; a workstation that
-runs four sites (the main job, the tests, the benchmarks) would pay it four times on the
-same cores. The host imports everything once and forks: each site is still its own OS
-process, in its own session, with its own data, model, device, private state and log;
-the forked processes share only the code already loaded, copy-on-write.
+A site process spends seconds of CPU importing torch and Flower (an ABIDE site about
+2.5 s; an imaging task's MONAI adds about 3 s more) before it can load a single subject.
+A hospital runs one site and pays that once; a workstation that runs four sites (the
+main job, the tests, the benchmarks) would pay it four times on the same cores. The host
+imports everything once and forks: each site is still its own OS process, in its own
+session, with its own data, model, device, private state and log; the forked processes
+share only the code already loaded, copy-on-write.
 
 The launcher and the host speak typed events (:mod:`fedbn_med.federation.events`), one
 JSON line each, over the host's stdin and stdout::
