@@ -186,8 +186,8 @@ def run_inprocess(launch: Launch, *, tracking_uri: str | None = None,
             if selected:
                 tracker.log_shared_weights(history.selected_weights, built.kept,
                                            "model/selected")
-        shared, kept = (_write_selected(history, launch.sites, built.kept, workdir, run_id)
-                        if workdir is not None else (None, {}))
+        shared, kept = (_write_selected(history, selected, launch.sites, built.kept, workdir,
+                                        run_id) if workdir is not None else (None, {}))
     except BaseException as err:
         if record is not None:
             record.close(err)
@@ -225,14 +225,18 @@ def _open_runs(launch: Launch, tracking_uri: str, started: int
                    tracking_uri=tracking_uri, tags=launch.tags, start_time=started)
 
 
-def _write_selected(history: History, sites: Sequence[str], kept_keys: frozenset[str],
-                    workdir: Path, run_id: str | None) -> tuple[str | None, dict[str, Path]]:
-    """Write the selected round's shared weights and each site's kept layers."""
+def _write_selected(history: History, selected: bool, sites: Sequence[str],
+                    kept_keys: frozenset[str], workdir: Path, run_id: str | None
+                    ) -> tuple[str | None, dict[str, Path]]:
+    """Write the selected round's shared weights and each site's kept layers.
+
+    Only when ``selected``: the run kept the weights of the round its result reports.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     for site in sites:  # never leave an earlier run's file beside this one's
         (workdir / f"{site}.selected.safetensors").unlink(missing_ok=True)
     (workdir / "shared.selected.safetensors").unlink(missing_ok=True)
-    if not history.selected_weights or history.selected_round != history.result().selected_round:
+    if not selected:
         return None, {}
     leaked = set(history.selected_weights) & kept_keys
     if leaked:  # the server never holds a kept key; neither does the shared file
@@ -303,14 +307,10 @@ def run_on_flower(specs: Sequence[RunSpec], workdir: Path, tracking_uri: str, *,
     options = FlowerOptions.local(workdir, tracking_uri, progress=progress,
                                   **{"started_ms": started_ms, **(server or {})})
     results = []
-    for i, (spec, values) in enumerate(zip(specs, run_flower(specs, options))):
-        run_dir = workdir / f"run-{i}-{spec.strategy_obj().label}-f{spec.fold}"
-        site_dir = workdir / "sites" / f"{options.server.federation_id}-{i}"
-        chosen = int(values.get("selected_round", 0))
-        kept = {site: site_dir / f"{site}.round-{chosen}.safetensors" for site in spec.sites}
-        selected = run_dir / "server" / "selected.safetensors"
+    for spec, values in zip(specs, run_flower(specs, options)):
+        selected = Path(values["run_dir"]) / "server" / "selected.safetensors"
         results.append(FederationResult.from_mapping(
             {**values, "tracking_uri": values.get("tracking_uri", tracking_uri)}, spec.sites,
             engine="flower", shared_weights=str(selected) if selected.is_file() else None,
-            kept_weights={s: p for s, p in kept.items() if p.is_file()}))
+            kept_weights={s: Path(p) for s, p in values["kept_files"].items()}))
     return results

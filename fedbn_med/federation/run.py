@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from fedbn_med.evaluation.report import progress_postfix
 from fedbn_med.federation.config import NodeSettings, ServerSettings, run_config
 from fedbn_med.federation.events import Event, Ready, Round, SiteError, SiteRefused, UpdateRefused
+from fedbn_med.federation.kept_rounds import round_file
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
 from fedbn_med.federation.names import is_loopback
 from fedbn_med.federation.site_console import SiteConsole
@@ -122,6 +123,10 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
     on Ctrl-C. With device ``"auto"`` and ``n`` visible GPUs, site ``i`` trains on
     ``cuda:(i mod n)`` (see :mod:`fedbn_med.federation.launcher.devices`). The task's
     built-in data are made first, so that local sites never race to write them.
+
+    Each spec's result is the server's (``results.json``) with where its files are:
+    ``run_dir`` (the server's folder) and ``kept_files`` (each site's private layers of
+    the selected round).
     """
     # the first run's MLflow runs start when the caller began (else now)
     begun_ms = options.server.started_ms or int(time.time() * 1000)
@@ -175,7 +180,14 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     fed.wait_sites_ready(sites, timeout=options.server.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
-                results.append(fed.watch(run, on_event=progress, results_dir=run_dir))
+                values = fed.watch(run, on_event=progress, results_dir=run_dir)
+                chosen = int(values.get("selected_round", 0))
+                kept = {site: round_file(NodeSettings(site=site, state_dir=fed.site_states)
+                                         .state_path(settings.federation_id), chosen)
+                        for site in sites}
+                # where the run's files are: the server's, and each site's selected layers
+                results.append({**values, "run_dir": str(run_dir), "kept_files": {
+                    site: str(path) for site, path in kept.items() if path.is_file()}})
             finally:
                 progress.close()
     return results

@@ -113,6 +113,11 @@ class LocalFederation:
         return self.supervisor.log_tail(name, lines)
 
     # -- the server ----------------------------------------------------------------------
+    @property
+    def site_states(self) -> Path:
+        """Return the folder under which every local site keeps its state (per federation)."""
+        return self.workdir / "sites"
+
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until it accepts connections."""
         cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth)
@@ -235,7 +240,7 @@ class LocalFederation:
         env = None
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        args = self._node_args(site, self.workdir / "sites", data_dir, device, auth_key,
+        args = self._node_args(site, self.site_states, data_dir, device, auth_key,
                                max_wait_time, superlink, share_private, secagg)
         if not prefix and self._site_host is not None and self._site_host.running():
             forked: ForkedSite = self._site_host.fork(name, args, env)
