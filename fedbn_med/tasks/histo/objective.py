@@ -42,8 +42,8 @@ class NucleiSegmentation(fb.Segmentation):
         dices, ajis, losses = [], [], []
         for i in range(len(dataset)):
             item = dataset[i]
-            image = torch.as_tensor(item["image"])[None].to(device)
-            label = torch.as_tensor(item["label"])[None].to(device)
+            image = torch.as_tensor(item["image"]).as_subclass(torch.Tensor)[None].to(device)
+            label = torch.as_tensor(item["label"]).as_subclass(torch.Tensor)[None].to(device)
             logits = self.inferer(image, model).float()
             losses.append(float(self.loss_fn(logits, label)))
             pred = logits.argmax(1)[0].cpu().numpy()

@@ -20,7 +20,7 @@ from monai.losses import DiceCELoss
 from monai.metrics import DiceMetric
 
 from fedbn_med.tasks import Selection
-from fedbn_med.tasks.imaging.trainer import ImageObjective
+from fedbn_med.tasks.imaging.trainer import ImageObjective, plain
 
 __all__ = ["Segmentation", "volume_inferer"]
 
@@ -79,8 +79,8 @@ class Segmentation(ImageObjective):
         losses = []
         for i in range(len(dataset)):
             item = dataset[i]
-            image = torch.as_tensor(item["image"])[None].to(device)  # (1, 1, H, W, D)
-            label = torch.as_tensor(item["label"])[None].to(device)
+            image = plain(item["image"])[None].to(device)  # (1, 1, H, W, D)
+            label = plain(item["label"])[None].to(device)
             logits = self.inferer(image, model).float()  # (1, C, H, W, D)
             losses.append(float(self.loss_fn(logits, label)))
             dice(y_pred=logits.argmax(1, keepdim=True), y=label)

@@ -6,7 +6,7 @@ import torch
 from monai.data import Dataset
 from torch import nn
 
-from fedbn_med.tasks.imaging.trainer import ImageObjective
+from fedbn_med.tasks.imaging.trainer import ImageObjective, plain
 from fedbn_med.training.objective import binary_scores
 
 __all__ = ["Classification"]
@@ -26,6 +26,6 @@ class Classification(ImageObjective):
         No majority rate: the training labels stay unread here.
         """
         items = [dataset[i] for i in range(len(dataset))]
-        x = torch.stack([torch.as_tensor(it["image"]).float() for it in items])
+        x = torch.stack([plain(it["image"]).float() for it in items])
         y = torch.as_tensor([int(it["label"]) for it in items], dtype=torch.int64)
         return binary_scores(model, x, y, device)
