@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,50 @@ def test_follow_hands_on_every_event_written_before_the_run_ends(tmp_path):
                         submitted=time.time() + 10)
     with pytest.raises(FederationError, match="failed on the server:\nthe log's end"):
         follow(late, log_tail=lambda name, lines: "the log's end")
+
+
+def test_follow_until_done_ends_at_the_servers_done_not_at_flwr_runs_exit(tmp_path):
+    # the server's Done comes 0.1 s in; the ``flwr run`` process lingers 30 s more
+    writer = ("import sys, time\n"
+              "from pathlib import Path\n"
+              "from fedbn_med.federation.events import Done, append_event\n"
+              "path = Path(sys.argv[1])\n"
+              "time.sleep(0.1)\n"
+              "(path.parent / 'results.json').write_text('{\"rounds\": 1}')\n"
+              "append_event(path, Done(table=''))\n"
+              "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path / "progress.jsonl")])
+    try:
+        run = SubmittedRun(proc=proc, name="run-1", results_dir=tmp_path, progress_from=0,
+                           submitted=time.time())
+        started = time.monotonic()
+        assert follow(run, timeout=60, until_done=True) == {"rounds": 1}
+        assert time.monotonic() - started < 15 and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stopping_a_tree_does_not_wait_on_ended_grandchildren():
+    # a child whose own child ends at SIGTERM with it: both are zombies at once, the
+    # grandchild until its parent is reaped; the stop returns without waiting for that
+    from fedbn_med.federation.launcher.watchdog import family, stop_all
+
+    code = ("import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(family(parent.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = family(parent.pid)
+    assert len(members) == 2
+    started = time.monotonic()
+    stop_all(members, signal.SIGTERM, 5.0)
+    assert time.monotonic() - started < 1.0
+    parent.wait(timeout=5)
+    assert not [p for p in members[1:] if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_the_gate_starts_without_the_training_stack():

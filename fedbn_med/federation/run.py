@@ -180,7 +180,9 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     fed.wait_sites_ready(sites, timeout=options.server.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
-                values = fed.watch(run, on_event=progress, results_dir=run_dir)
+                # the last run ends at the server's Done: the federation is stopped next
+                values = fed.watch(run, on_event=progress, results_dir=run_dir,
+                                   until_done=i == len(configs) - 1)
                 chosen = int(values.get("selected_round", 0))
                 kept = {site: round_file(NodeSettings(site=site, state_dir=fed.site_states)
                                          .state_path(settings.federation_id), chosen)
@@ -235,7 +237,8 @@ def serve(config: RunSpec, options: FlowerOptions) -> dict:
             settings = dataclasses.replace(options.server, node_sites=node_sites,
                                            registered_counts=counts)
             run = fed.submit(run_config(config, settings), results_dir=options.workdir)
-            return fed.watch(run, on_event=progress, results_dir=options.workdir)
+            return fed.watch(run, on_event=progress, results_dir=options.workdir,
+                             until_done=True)
         finally:
             progress.close()
 

@@ -301,18 +301,22 @@ class LocalFederation:
                             progress_from=offset, submitted=submitted)
 
     def watch(self, run: SubmittedRun, on_event: Callable[[Event], None] | None = None,
-              timeout: float = 3600.0, results_dir: Path | None = None) -> dict:
+              timeout: float = 3600.0, results_dir: Path | None = None,
+              until_done: bool = False) -> dict:
         """Follow the run's progress events until it ends; return its results.
 
         ``on_event`` gets each event of the run's ``progress.jsonl``, typed (see
         :func:`~fedbn_med.federation.launcher.progress.follow`). The run succeeded when the
         server reported :class:`~fedbn_med.federation.events.Done`. ``results_dir``, when
-        given, must be the one the run was submitted with.
+        given, must be the one the run was submitted with. ``until_done``: the run has
+        ended once the server reported ``Done``, for a caller that stops the federation
+        next (see :func:`~fedbn_med.federation.launcher.progress.follow`).
         """
         if results_dir is not None and Path(results_dir).resolve() != run.results_dir.resolve():
             raise ValueError(f"Run {run.name} writes to {run.results_dir}, not {results_dir}.")
         return follow(run, on_event=on_event, timeout=timeout,
-                      server_gone=self._superlink_gone, log_tail=self.log_tail)
+                      server_gone=self._superlink_gone, log_tail=self.log_tail,
+                      until_done=until_done)
 
     def _superlink_gone(self) -> str | None:
         superlink = self.processes.get("superlink")

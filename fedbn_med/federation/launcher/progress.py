@@ -109,7 +109,7 @@ class SubmittedRun:
 def follow(run: SubmittedRun, *, on_event: Callable[[Event], None] | None = None,
            timeout: float = 3600.0, server_gone: Callable[[], str | None] = lambda: None,
            log_tail: Callable[[str, int], str] = lambda name, lines: "",
-           every: float = 0.1) -> dict:
+           every: float = 0.1, until_done: bool = False) -> dict:
     """Hand each progress event of ``run`` to ``on_event`` until it ends; return its results.
 
     ``on_event`` gets the typed :class:`~fedbn_med.federation.events.Event`; a line of an
@@ -118,6 +118,12 @@ def follow(run: SubmittedRun, *, on_event: Callable[[Event], None] | None = None
 
     ``server_gone`` returns why the server can no longer finish the run (None while it
     can); ``log_tail`` gives the end of a process's log for an error message.
+
+    The run has ended when its ``flwr run`` process has. With ``until_done``, it has ended
+    as soon as the server reported :class:`~fedbn_med.federation.events.Done`, after its
+    results, its checkpoint and its MLflow runs were written and every site had answered
+    its last message: ``flwr run`` notices 1 to 2 s later (the ServerApp's exit, then
+    Flower's log stream, polled every 0.5 s). For a caller that stops the federation next.
 
     Raises
     ------
@@ -139,7 +145,7 @@ def follow(run: SubmittedRun, *, on_event: Callable[[Event], None] | None = None
                 failed = event if isinstance(event, RunFailed) else failed
                 if on_event is not None:
                     on_event(event)
-            if ended:
+            if ended or (until_done and done is not None):
                 break
             if time.monotonic() > deadline:
                 raise FederationError(f"The run did not finish within {timeout:.0f} s.")

@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 import psutil
 
@@ -56,6 +57,41 @@ def family(pid: int) -> list[psutil.Process]:
     return [p for p in members if p.pid != os.getpid()]
 
 
+def _ended(proc: psutil.Process) -> bool:
+    """Return whether a process has exited (a zombie has: only its parent's wait is left)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_ended(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until every process has exited or ``timeout`` passed; return those still running.
+
+    Not :func:`psutil.wait_procs`: a process that is not our child counts for it as running
+    until its parent has reaped it, and the ServerApp's parent (the SuperLink's executor)
+    is stopped at the same time, so it waited up to 2 s for processes 0.2 s gone.
+    """
+    deadline = time.monotonic() + timeout
+    running = [p for p in processes if not _ended(p)]
+    while running and time.monotonic() < deadline:
+        time.sleep(0.02)
+        running = [p for p in running if not _ended(p)]
+    return running
+
+
+def _reap_ours(processes: list[psutil.Process]) -> None:
+    """Reap those of ``processes`` that are this process's children (their exit status)."""
+    ours = []
+    for proc in processes:
+        try:
+            if proc.ppid() == os.getpid():
+                ours.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(ours, timeout=1.0)
+
+
 def stop_all(processes: list[psutil.Process], sig: int, grace: float) -> None:
     """Send ``sig`` to every process; kill what outlives ``grace``."""
     for proc in processes:
@@ -63,13 +99,14 @@ def stop_all(processes: list[psutil.Process], sig: int, grace: float) -> None:
             proc.send_signal(sig)
         except psutil.NoSuchProcess:
             continue
-    _, alive = psutil.wait_procs(processes, timeout=grace)
+    alive = _wait_ended(processes, grace)
     for proc in alive:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             continue
-    psutil.wait_procs(alive, timeout=grace)
+    _wait_ended(alive, grace)
+    _reap_ours(processes)
 
 
 def terminate_tree(pid: int, sig: int, grace: float) -> None:
