@@ -90,6 +90,25 @@ def test_training_items_are_3d_patches_and_scoring_uses_whole_volumes(federation
     assert trainer.input_shape == config.input_shape() == (1, 16, 16, 16)
 
 
+def test_the_network_sees_plain_tensors_not_metatensors(federation) -> None:
+    # MONAI's items are MetaTensors, whose every operation in a forward and backward pass
+    # goes through __torch_function__; the batches drop the metadata (torch.as_tensor
+    # returns a MetaTensor as it is)
+    from monai.data import MetaTensor
+
+    from fedbn_med.tasks.imaging.trainer import plain
+
+    trainer = federation[0]["SiteA"]
+    assert isinstance(trainer.data.train[0][0]["image"], MetaTensor)
+    image, label = next(iter(trainer.objective.batches(trainer.data, 2, 1, lambda _: 0)))
+    assert type(image) is torch.Tensor and type(label) is torch.Tensor
+    assert type(next(iter(trainer.objective.bn_inputs(trainer.data, 2, 0)))) is torch.Tensor
+    item = MetaTensor(torch.arange(6.0).reshape(2, 3))
+    assert type(plain(item)) is torch.Tensor and torch.equal(plain(item), item.as_tensor())
+    assert plain(item).data_ptr() == item.data_ptr()  # no copy
+    assert type(plain(np.zeros(3))) is torch.Tensor
+
+
 def test_fedbn_keeps_batchnorm3d_home_and_scores_dice_per_class(federation) -> None:
     trainers, history, _ = federation
     a, b = (trainers[s] for s in SITES)
