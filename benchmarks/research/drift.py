@@ -49,6 +49,8 @@ METHODS = {"FedAvg": ("fedavg", None), "FedProx": ("fedprox", FEDPROX_MU),
 EPOCHS = (1, 8)
 WINDOW = 3
 MRI = {"image_size": 32, "subjects": 8, "slices": 4}  # small built-in MRI sites (CPU)
+#: --quick: 16-voxel volumes (a 3D U-Net's work falls eightfold; the CI checks the table's shape)
+MRI_QUICK = {**MRI, "image_size": 16}
 #: How a task's headline score (``Task.headline``) is named in the table and the plot.
 SCORE_LABELS = {"accuracy": ("acc", "accuracy"), "dice": ("Dice", "Dice")}
 
@@ -92,7 +94,8 @@ def settings_of(bench: Benchmark) -> list[Setting]:
         rounds = bench.args.mri_rounds or min(bench.args.rounds, 20)
         settings.append(Setting("MRI", lambda strategy, mu, fold: RunSpec.for_task(
             "mri", strategy=strategy, mu=mu, rounds=rounds, seed=bench.args.seed,
-            device=bench.args.device, **MRI), (0,), bench.args.target_dice))
+            device=bench.args.device, **(MRI_QUICK if bench.args.quick else MRI)), (0,),
+            bench.args.target_dice))
     return settings
 
 
