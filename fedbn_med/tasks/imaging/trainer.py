@@ -32,9 +32,8 @@ def plain(value: Any) -> torch.Tensor:
 
     MONAI's transforms give ``MetaTensor``s, and ``torch.as_tensor`` returns one unchanged:
     every operation of a forward and backward pass on it then goes through its
-    ``__torch_function__`` (to carry the metadata along), which took more time than the
-    3D U-Net's own arithmetic on a CPU. The networks need the values only; the numbers
-    are the same.
+    ``__torch_function__`` in Python, to carry the metadata along. The networks need the
+    values only; the numbers are the same.
     """
     if isinstance(value, torch.Tensor):
         return value.as_subclass(torch.Tensor)
