@@ -507,3 +507,22 @@ def test_features_are_nilearns_correlations_to_the_bit() -> None:
         connectivity_features(series)
     with pytest.raises(ValueError, match=r"one \(n_volumes, n_rois\) array per subject"):
         connectivity_features([np.zeros(12)])
+
+
+def test_a_file_the_site_read_just_now_is_taken_once_not_parsed_again(ucla_dir: Path) -> None:
+    # the window features read the files the site's features read a moment before: each
+    # is handed over once, as checked; a file changed since is parsed (and checked) anew
+    from fedbn_med.tasks.abide.data import roi_files
+
+    load_site_features(ucla_dir, ("UCLA_1",), name="UCLA", use_cache=False)
+    paths = sorted(Path(key[0]) for key in roi_files._JUST_READ)
+    assert len(paths) > 2 and all(p.is_relative_to(ucla_dir.resolve()) for p in paths)
+    first, labels = roi_files.read_roi_time_series(paths[0])
+    assert len(roi_files._JUST_READ) == len(paths) - 1
+    again, again_labels = roi_files.read_roi_time_series(paths[0])  # parsed: no longer kept
+    assert again is not first and np.array_equal(first, again) and labels == again_labels
+    with paths[1].open("a", encoding="utf-8") as handle:
+        handle.write("1 2\n")  # changed after the site's read: a bad row, found
+    with pytest.raises(DataFileError, match="rows have unequal numbers of values"):
+        roi_files.read_roi_time_series(paths[1])
+    roi_files._JUST_READ.clear()

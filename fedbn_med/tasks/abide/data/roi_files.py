@@ -28,6 +28,18 @@ ROI_COUNTS: dict[str, int] = {"rois_ho": 111, "rois_cc200": 200}
 MIN_VOLUMES = 10
 # A header line longer than this is not one of a PCP atlas (cc400's is about 3 kB).
 _MAX_HEADER_CHARS = 1 << 20
+#: The series the last site's read parsed and checked, by file (path, size, mtime): the
+#: window features read the same files next, and take each from here once instead of
+#: parsing its text again (half of a site's first preparation was parsing). One site's.
+_JUST_READ: dict[tuple[str, int, int], tuple[np.ndarray, tuple[str, ...]]] = {}
+
+
+def _file_key(path: Path) -> tuple[str, int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return str(path.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 class DataFileError(ValueError):
@@ -76,6 +88,10 @@ def read_roi_time_series(
         length, text where numbers belong, or NaN/Inf values.
     """
     path = Path(path)
+    key = _file_key(path)
+    just_read = _JUST_READ.pop(key, None) if key is not None else None
+    if just_read is not None and (n_rois is None or just_read[0].shape[1] == n_rois):
+        return just_read  # the site's read checked it a moment ago, unchanged since
     labels = _read_header(path)
     try:
         with warnings.catch_warnings():
@@ -241,6 +257,11 @@ def _read_site_series(
             continue
         checked.append(checked_data)
         good.append(i)
+    _JUST_READ.clear()
+    for i, data in zip(good, checked, strict=True):
+        key = _file_key(paths[i])
+        if key is not None:
+            _JUST_READ[key] = (data, headers[i])
     skipped = [(str(paths[i]), bad[i]) for i in sorted(bad)]
     for file, reason in skipped:
         logger.warning("Skipping %s: %s", file, reason)
