@@ -87,7 +87,6 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
-
 def seed_store(tracking_uri: str) -> None:
     """Start a new sqlite MLflow store as a copy of an empty, already migrated one.
 

@@ -16,6 +16,7 @@ import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Literal, get_args
 
 import numpy as np
@@ -27,9 +28,16 @@ logger = logging.getLogger(__name__)
 
 _R_CLIP = 1.0 - 1e-7
 
-#: The process's thread pools (BLAS, OpenMP), found at the first call: finding them walks
-#: every loaded library (3.5 ms a call with numpy and scipy loaded).
-_POOLS: list[ThreadpoolController] = []
+
+@cache
+def _thread_pools() -> ThreadpoolController:
+    """Return this process's thread pools (BLAS, OpenMP), found once.
+
+    Finding them walks every loaded library: 3.5 ms a call with numpy and scipy loaded,
+    which ``threadpool_limits`` paid at every call.
+    """
+    return ThreadpoolController()
+
 
 ZeroRoiPolicy = Literal["zero", "impute", "drop_subject"]
 _ZERO_ROI_POLICIES: tuple[str, ...] = get_args(ZeroRoiPolicy)
@@ -164,10 +172,8 @@ def connectivity_features(time_series: Sequence[np.ndarray]) -> tuple[np.ndarray
             raise ValueError(f"Subject {i}'s series holds NaN or Inf; expected finite numbers.")
     constant = np.stack([np.ptp(ts, axis=0) == 0 for ts in series])
     # Threaded BLAS only slows these small products down (and fights other processes).
-    if not _POOLS:
-        _POOLS.append(ThreadpoolController())
-    with np.errstate(divide="ignore", invalid="ignore"), _POOLS[0].limit(limits=1,
-                                                                         user_api="blas"):
+    with np.errstate(divide="ignore", invalid="ignore"), _thread_pools().limit(
+            limits=1, user_api="blas"):
         matrices = np.stack([_correlation(ts) for ts in series])
     rows, cols = edge_index(n_rois.pop())
     r = matrices[:, rows, cols]
