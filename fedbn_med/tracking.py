@@ -288,6 +288,8 @@ class FederationTracker:
         if artifact_file in _HEADLINES:  # MLflow shows a run's description first on its page
             tables, end, said = text.rpartition("|\n")  # what the tables say first, then them
             text = f"{said.strip()}\n\n{tables}{end}" if tables and said.strip() else text
+            # markdown: "<site>" would be taken for an HTML tag and not shown
+            text = text.replace("<", "\\<")
             note = text if len(text) <= _NOTE_MAX else (
                 text[:_NOTE_MAX].rsplit("\n", 1)[0] + f"\n\n(The whole table: {artifact_file}.)")
             self.client.set_tag(self.parent_id, "mlflow.note.content", note)

@@ -74,14 +74,16 @@ def test_resume_reuses_runs_and_late_site_gets_its_own_run(store):
 
 def test_a_headline_table_is_the_parent_runs_description_cut_to_mlflows_tag_length(store):
     tracker = FederationTracker("exp", "fedbn", {}, ["A"], tracking_uri=store)
-    tracker.log_text("| site |\n| A |\n\nRound 1 of 1 selected.\n", "results.md")
+    tracker.log_text("| site |\n| A |\n\nRound 1 of 1 selected (<site>.round-1).\n",
+                     "results.md")
     tracker.log_text("not a headline\n", "notes.txt")
     long = "".join(f"| row {i} | {'x' * 60} |\n" for i in range(400))  # ~28 000 characters
     other = FederationTracker("exp", "compare", {}, ["A"], tracking_uri=store)
     other.log_text(long, "compare.md")
     client = MlflowClient(tracking_uri=store)
     assert client.get_run(tracker.parent_id).data.tags["mlflow.note.content"] == \
-        "Round 1 of 1 selected.\n\n| site |\n| A |\n"  # what the table says first
+        "Round 1 of 1 selected (\\<site>.round-1).\n\n| site |\n| A |\n"  # what the table
+    # says first; "<site>" escaped, or MLflow's markdown would drop it as an HTML tag
     note = client.get_run(other.parent_id).data.tags["mlflow.note.content"]
     assert note.endswith("(The whole table: compare.md.)") and len(note) <= 8000
     kept = note.split("\n\n(The whole")[0]
