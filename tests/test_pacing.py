@@ -35,3 +35,20 @@ def test_a_reply_that_needed_more_asks_is_remembered_as_it_came() -> None:
     found = _wait_once(pacer, ready_after=0.15)
     assert abs(pacer.waits[-1] - found) < 0.005
     assert 0.15 <= found < 0.25
+
+
+def test_with_nothing_learnt_the_asks_back_off_from_the_first() -> None:
+    # A site waiting for the first message of a run has no expected time: a burst of
+    # asks every `poll` for `burst` seconds would be empty requests to the SuperLink.
+    pacer = Pacer(poll=0.005, max_poll=0.04, burst=1.0)
+    pacer.start()
+    asks = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.3:
+        pacer.sleep()
+        asks += 1
+    # a burst would have asked about 60 times; backing off from 5 ms to 40 ms, about 12
+    assert asks < 20, asks
+    assert pacer.pause == 0.04
+    pacer.arrived()
+    assert len(pacer.waits) == 1  # learnt now: the next wait asks often around it

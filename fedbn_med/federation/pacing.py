@@ -5,7 +5,7 @@ server asks for replies. Every empty ask is an HTTP request the SuperLink must a
 the same cores the sites train on, and every late ask delays the round. A :class:`Pacer`
 learns when the awaited thing came the last few times, sleeps through most of the wait,
 asks often around the expected time, and backs off when it is late (an idle federation,
-a site gone).
+a site gone). With nothing learnt yet it backs off from its first ask.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ class Pacer:
         else:
             if self.first_ask is None:
                 self.first_ask = now
-            elif now - self.first_ask > self.burst:
+            elif not self.waits or now - self.first_ask > self.burst:
+                # Nothing learnt yet (a site's first message of a run, the server's first
+                # replies): no expected time to ask often around, so back off at once.
                 self.pause = min(self.max_poll, self.pause * 1.5)
             pause = self.pause
         time.sleep(pause)
