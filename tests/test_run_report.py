@@ -110,6 +110,17 @@ def test_wilson_interval_matches_its_formula_and_refuses_bad_counts() -> None:
         wilson_interval(5, 4)
     with pytest.raises(ValueError, match="level must be in"):
         wilson_interval(1, 4, level=95)
+    # its normal quantile is scipy.stats.norm.ppf's to the bit: the printed tables keep
+    # their every digit
+    from scipy import stats
+    for level in (0.5, 0.8, 0.9, 0.95, 0.99):
+        z = float(stats.norm.ppf(0.5 + level / 2))
+        for successes, n in ((0, 10), (8, 12), (35, 53), (1, 1)):
+            p = successes / n
+            centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+            half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+            assert wilson_interval(successes, n, level) == (max(0.0, centre - half),
+                                                            min(1.0, centre + half))
 
 
 

@@ -134,7 +134,9 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
         If ``n`` is not a whole number of at least 1, ``successes`` not in [0, n], or
         ``level`` not in (0, 1).
     """
-    from scipy import stats
+    # ndtri is the normal quantile that scipy.stats.norm.ppf computes, to the bit, without
+    # importing scipy.stats (about 0.4 s in each process that prints a results table)
+    from scipy.special import ndtri
 
     check_level(level)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
@@ -142,7 +144,7 @@ def wilson_interval(successes: float, n: int, level: float = 0.95) -> tuple[floa
     if not (math.isfinite(successes) and -1e-6 <= successes <= n + 1e-6):
         raise ValueError(f"successes must be a count from 0 to n = {n}, got {successes!r}.")
     p = min(max(successes / n, 0.0), 1.0)
-    z = float(stats.norm.ppf(0.5 + level / 2))
+    z = float(ndtri(0.5 + level / 2))
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
