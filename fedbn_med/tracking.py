@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
 import mlflow
-from fedbn_med.paths import default_tracking_uri, repo_root, seed_store
+from fedbn_med.paths import default_tracking_uri, repo_root, runs_page, seed_store
 
 __all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
            "end_status", "read_sites_per_round", "runs_page", "tracked", "warm_up"]
@@ -52,24 +52,6 @@ def read_sites_per_round(tracking_uri: str, run_id: str) -> dict[int, list[str]]
             run_id, SITES_PER_ROUND, tmp)).read_text()
     rows = (line.partition(",") for line in text.splitlines()[1:])
     return {int(rnd): sites.split() for rnd, _, sites in rows}
-
-
-def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
-    """Return how to open a run's experiment in MLflow's web UI, on its runs list.
-
-    MLflow 3.17 opens an experiment on its GenAI view unless the address asks for the
-    training workflow (``workflowType=machine_learning``); a sqlite store needs ``mlflow ui``.
-    """
-    experiment = "0"
-    try:
-        experiment = MlflowClient(tracking_uri=tracking_uri).get_run(str(run_id)).info.experiment_id
-    except Exception:  # noqa: BLE001 - a hint only; no run id, or a store gone
-        pass
-    path = f"/#/experiments/{experiment}/runs?workflowType=machine_learning"
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"open {tracking_uri.rstrip('/')}{path}"
-    return (f"mlflow ui --port {port} --backend-store-uri {tracking_uri}\n"
-            f"  then open http://127.0.0.1:{port}{path}")
 
 
 def warm_up(tracking_uri: str | None = None) -> None:

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -91,3 +94,26 @@ def test_a_headline_table_is_the_parent_runs_description_cut_to_mlflows_tag_leng
     tracker.finish()
     other.finish()
 
+
+
+def test_the_runs_page_names_the_runs_experiment_without_importing_mlflow(tmp_path) -> None:
+    # The command line prints this after a federation over Flower, where nothing else in
+    # its process needs MLflow (about 2 s of CPU to import and open a store).
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    client.create_experiment("first")
+    experiment = client.create_experiment("second")
+    run = client.create_run(experiment).info.run_id
+    code = ("import sys; from fedbn_med.paths import runs_page; "
+            f"print(runs_page({uri!r}, {run!r})); print('mlflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == [f"mlflow ui --port 5000 --backend-store-uri {uri}",
+                   f"  then open http://127.0.0.1:5000/#/experiments/{experiment}/runs"
+                   "?workflowType=machine_learning", "False"]
+    # a run the store does not hold, or no run: the default experiment, still a hint
+    from fedbn_med.paths import runs_page
+    assert "/#/experiments/0/runs" in runs_page(uri, "f" * 32)
+    assert "/#/experiments/0/runs" in runs_page(uri, None)
+    assert runs_page("http://mlflow.example:5000/", None) == (
+        "open http://mlflow.example:5000/#/experiments/0/runs?workflowType=machine_learning")

@@ -61,7 +61,7 @@ def serve_summary(spec: RunSpec, workdir: Path, result: dict) -> str:
     lines = [f"\nRun folder:     {workdir}",
              f"Global weights: {checkpoint}"]
     if uri:
-        from fedbn_med.tracking import runs_page
+        from fedbn_med.paths import runs_page
 
         lines.append(f"MLflow:         {uri} (parent run {result.get('parent_run_id')})")
         lines.append("  " + runs_page(uri, result.get("parent_run_id")))

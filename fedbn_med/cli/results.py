@@ -38,7 +38,7 @@ def print_results(specs: list[RunSpec], results: list[FederationResult], compare
                   f"{results[0].shared_weights} (and MLflow's model/selected), each site's "
                   f"kept layers (never logged to MLflow) in "
                   f"{kept[0].parent}/<site>.selected.safetensors")
-    from fedbn_med.tracking import runs_page
+    from fedbn_med.paths import runs_page
 
     parent = results[-1].run_id if results else None
     print(f"\nwall time {seconds:.1f} s. See the runs in MLflow:\n  "
