@@ -108,7 +108,9 @@ def _run_experiment(tracking_uri: str, run_id: str | None) -> str:
     if not run_id:
         return "0"
     if tracking_uri.startswith("sqlite:///"):
-        store = Path(tracking_uri[len("sqlite:///"):])
+        store = Path(tracking_uri[len("sqlite:///"):]).resolve()  # relative: to this folder
+        if not store.is_file():
+            return "0"  # no store there (asking MLflow would make one)
         try:
             with contextlib.closing(sqlite3.connect(f"{store.as_uri()}?mode=ro",
                                                     uri=True)) as db:
@@ -116,7 +118,7 @@ def _run_experiment(tracking_uri: str, run_id: str | None) -> str:
                                  (str(run_id),)).fetchone()
             if row is not None:
                 return str(row[0])
-        except sqlite3.Error:
+        except (sqlite3.Error, ValueError):
             pass  # not MLflow's schema as we know it: ask MLflow
     try:
         from mlflow.tracking import MlflowClient

@@ -115,5 +115,14 @@ def test_the_runs_page_names_the_runs_experiment_without_importing_mlflow(tmp_pa
     from fedbn_med.paths import runs_page
     assert "/#/experiments/0/runs" in runs_page(uri, "f" * 32)
     assert "/#/experiments/0/runs" in runs_page(uri, None)
+    missing = tmp_path / "none" / "mlflow.db"
+    assert "/#/experiments/0/runs" in runs_page(f"sqlite:///{missing}", run)
+    assert not missing.parent.exists()  # asked, not made
+    # a relative store is the file of that name in the current folder, as MLflow reads it
+    code = ("from fedbn_med.paths import runs_page; "
+            f"print(runs_page('sqlite:///mlflow.db', {run!r}))")
+    relative = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True, cwd=tmp_path).stdout
+    assert f"/#/experiments/{experiment}/runs" in relative
     assert runs_page("http://mlflow.example:5000/", None) == (
         "open http://mlflow.example:5000/#/experiments/0/runs?workflowType=machine_learning")
