@@ -1,13 +1,17 @@
 #!/usr/bin/env python
 """What SecAgg+ costs per round: FedBN over Flower, plain and under secure aggregation.
 
-Runs the 4-site ABIDE FedBN federation on 127.0.0.1 twice with the same spec, once plain
-and once with ``--secagg`` (Flower's SecAgg+ workflow and mod: four exchanges per round
-instead of one, masks and their shares), and prints the seconds per round of each and
-their ratio (target: SecAgg at most 2x plain FedBN on 4 sites).
+Runs the 4-site ABIDE FedBN federation on 127.0.0.1 with the same spec, plain and with
+``--secagg`` (Flower's SecAgg+ workflow and mod: its four stages, masks and their shares;
+each round after the first is keyed during the one before, so two exchanges of its own
+where plain FedBN has one), and prints the seconds per round of each and their ratio
+(target: SecAgg at most 2x plain FedBN on 4 sites). With ``--repeat N`` the two runs
+alternate N times and the medians are printed: this machine's speed drifts between
+runs minutes apart.
 
-    python benchmarks/secagg_overhead.py            # 20 rounds each
-    python benchmarks/secagg_overhead.py --quick    # 3 rounds each
+    python benchmarks/secagg_overhead.py              # 20 rounds each
+    python benchmarks/secagg_overhead.py --quick      # 3 rounds each
+    python benchmarks/secagg_overhead.py --repeat 3   # plain, SecAgg+, three times over
     python benchmarks/secagg_overhead.py --local-epochs 8 --rounds 5
 
 A round is timed as the federation overhead benchmark does: from the start of round 1 to
@@ -40,8 +44,10 @@ def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
     trained = [e for e in events if isinstance(e, Trained)]
     start = trained[0].t - trained[0].seconds
     last = [e.t for e in events if isinstance(e, Round)][-1]
-    later = [e.seconds for e in trained[1:]] or [trained[0].seconds]
-    return {"rounds": (last - start) / spec.rounds, "median": statistics.median(later)}
+    later = trained[1:] or trained
+    return {"rounds": (last - start) / spec.rounds,
+            "median": statistics.median(e.seconds for e in later),
+            "exchanges": statistics.median(e.exchanges for e in later)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,23 +58,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--local-epochs", type=int, default=1,
                         help="local epochs per round (default 1): more compute per round, "
                              "the same SecAgg+ exchanges")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each, alternating; medians printed (default 1)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     rounds = args.rounds or (3 if args.quick else 20)
     spec = RunSpec(strategy="fedbn", rounds=rounds, device="cpu",
                    local_epochs=args.local_epochs)
     get_task("abide").prepare(spec)
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="fedbn-secagg-") as tmp:
-        plain = per_round(spec, Path(tmp) / "plain", secagg=False)
-        secure = per_round(spec, Path(tmp) / "secagg", secagg=True)
+        for k in range(args.repeat):
+            for secagg in (False, True):
+                runs[secagg].append(per_round(spec, Path(tmp) / f"{k}-{secagg}", secagg))
+    plain, secure = ({key: statistics.median(r[key] for r in runs[s]) for key in runs[s][0]}
+                     for s in (False, True))
     print(f"\nFedBN over Flower on 127.0.0.1, {len(spec.sites)} sites "
           f"({', '.join(spec.sites)}), {rounds} rounds of {spec.local_epochs} local "
-          "epoch(s) each\n")
-    print("| run | s/round (rounds phase) | median s/round (server, rounds 2+) |")
-    print("|---|---|---|")
+          f"epoch(s) each, {args.repeat} run(s) each (medians)\n")
+    print("| run | s/round (rounds phase) | median s/round (server, rounds 2+) | "
+          "exchanges per round (rounds 2+) |")
+    print("|---|---|---|---|")
     for label, row in (("plain FedBN", plain), ("SecAgg+ FedBN", secure)):
-        print(f"| {label} | {row['rounds']:.3f} | {row['median']:.3f} |")
-    ratio = secure["rounds"] / plain["rounds"]
-    median = secure["median"] / plain["median"]
+        print(f"| {label} | {row['rounds']:.3f} | {row['median']:.3f} | "
+              f"{row['exchanges']:g} |")
+    pairs = list(zip(runs[False], runs[True]))  # each ratio of runs a minute apart
+    ratio = statistics.median(s["rounds"] / p["rounds"] for p, s in pairs)
+    median = statistics.median(s["median"] / p["median"] for p, s in pairs)
     print(f"\nSecAgg+ / plain: {ratio:.2f}x per round (median {median:.2f}x);"
           " target at most 2x on 4 sites")
 

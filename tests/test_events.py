@@ -66,7 +66,8 @@ def test_as_dict_keeps_the_progress_file_layout():
     event = events.Trained(round=3, seconds=1.0, empty_polls=0, sites=["NYU"], missing=[], t=5.0)
     assert event.as_dict() == {"event": "trained", "round": 3, "seconds": 1.0,
                                "empty_polls": 0, "sites": ["NYU"], "missing": [],
-                               "private_hashes": {}, "shares": {}, "norms": {}, "t": 5.0}
+                               "private_hashes": {}, "shares": {}, "norms": {},
+                               "exchanges": 1, "t": 5.0}
 
 
 def test_events_of_an_older_server_still_decode():
@@ -76,6 +77,7 @@ def test_events_of_an_older_server_still_decode():
     trained = events.decode('{"event":"trained","round":1,"seconds":0.1,"empty_polls":0,'
                             '"sites":[],"missing":[],"t":1.0}')
     assert isinstance(trained, events.Trained) and trained.shares == {} == trained.norms
+    assert trained.exchanges == 1  # a server before the count: one exchange a round
 
 
 def test_unknown_kinds_and_newer_fields_do_not_break_a_reader():

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from fedbn_med.checkpoint import load_tensors
 from fedbn_med.federation.config import ServerSettings, run_config
-from fedbn_med.federation.events import Event, Round, SiteRefused, read_events
+from fedbn_med.federation.events import Event, Round, SiteRefused, Trained, read_events
 from fedbn_med.federation.launcher import FederationError, LocalFederation, free_port
 from fedbn_med.federation.run import run_site
 from fedbn_med.fl.scaffold import split_controls
@@ -69,6 +69,8 @@ def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_c
     config = RunSpec(strategy="fedbn", rounds=3, sites=SITES, data_dir=small_cohort,
                               device="cpu")
     result, events = _submit(federation, config, tmp_path)
+    # one exchange with the sites a round: train (with the previous round's scores)
+    assert [e.exchanges for e in events if isinstance(e, Trained)] == [1, 1, 1]
 
     torch.set_num_threads(1)
     reference = build_federation(config).run().final()

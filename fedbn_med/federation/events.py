@@ -258,6 +258,9 @@ class Trained(Event):
     #: each accepted site's share of the average, and every checked update's norm
     shares: dict[str, float] = field(default_factory=dict)
     norms: dict[str, float] = field(default_factory=dict)
+    #: the times the server sent the sites messages and awaited their replies this round
+    #: (under SecAgg+ its stages; a stage of the next round sent alongside counts once)
+    exchanges: int = 1
 
 
 @_register

@@ -38,7 +38,7 @@ from fedbn_med.federation.server.checks import (
 )
 from fedbn_med.federation.server.recorder import Fits, RunRecorder
 from fedbn_med.federation.server.registry import SiteRegistry
-from fedbn_med.federation.server.secagg import SecAggRound
+from fedbn_med.federation.server.secagg import SecAggProtocol, SecAggRound
 from fedbn_med.federation.wire import EvaluateInstruction, TrainInstruction
 from fedbn_med.fl.partition import partition_model
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
@@ -89,6 +89,8 @@ class FederationServer:
             )
         # under SecAgg+, the sites' updates reach the server only summed (.secagg)
         self.secagg = settings.secagg and self.strategy.exchanges  # else nothing is summed
+        #: the next round's SecAgg+ protocol, keyed during this round (.secagg)
+        self.secagg_keyed: SecAggProtocol | None = None
         if self.secagg and self.strategy.controls:
             raise ValueError(
                 f"Strategy '{self.strategy.name}' cannot run under SecAgg: SecAgg sums the "
@@ -209,7 +211,7 @@ class FederationServer:
         if len(nodes) < self.min_sites:
             self.registry.discover()
             nodes = self.registry.live()
-        started = time.monotonic()
+        started, exchanges = time.monotonic(), self.grid.exchanges
         plan = plan_round(rnd, local_epochs=self.config.local_epochs, fold_evaluation=True)
         scored = self.global_weights  # round rnd - 1's aggregate: what the sites score now
         if self.secagg:
@@ -257,7 +259,8 @@ class FederationServer:
         self.recorder.event(Trained(
             round=rnd, seconds=time.monotonic() - started, empty_polls=self.grid.empty_polls,
             sites=sorted(got.fits), missing=missing, private_hashes=got.hashes,
-            shares=outcome.shares, norms=outcome.norms))
+            shares=outcome.shares, norms=outcome.norms,
+            exchanges=self.grid.exchanges - exchanges))
         return got.fits
 
     def _read_replies(self, rnd: int, nodes: Mapping[int, str], replies: Iterable[Message]
