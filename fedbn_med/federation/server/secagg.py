@@ -229,6 +229,7 @@ def _side_by_side(grid: FastGrid, timeout: float, jobs: Sequence[Callable[[Sende
     asked: dict[int, tuple[list[Message], str]] = {}
     answers: dict[int, list[Message] | BaseException] = {}
     running = set(range(len(jobs)))
+    failed: list[BaseException] = []
 
     def sender(job: int) -> Sender:
         def send(messages: list[Message], pace: str) -> list[Message]:
@@ -245,6 +246,8 @@ def _side_by_side(grid: FastGrid, timeout: float, jobs: Sequence[Callable[[Sende
     def body(job: int) -> None:
         try:
             jobs[job](sender(job))
+        except BaseException as err:  # noqa: BLE001 - raised again by the caller's thread
+            failed.append(err)
         finally:
             with lock:
                 running.discard(job)
@@ -273,6 +276,8 @@ def _side_by_side(grid: FastGrid, timeout: float, jobs: Sequence[Callable[[Sende
             lock.notify_all()
     for thread in threads:
         thread.join()
+    if failed:
+        raise failed[0]
 
 
 def secagg_fit(grid: FastGrid, contents: Mapping[int, RecordDict], rnd: int, *,
