@@ -268,14 +268,20 @@ def test_the_site_console_says_what_left_in_each_secagg_stage():
 
     lines: list[str] = []
     console = SiteConsole("NYU", lines.append)
-    setup = _secagg_message(Stage.SETUP, **{Key.SAMPLE_NUMBER: 3, Key.THRESHOLD: 2})
-    keys = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.PUBLIC_KEY_1: b"k"})})
-    console.answered(setup, Message(keys, reply_to=setup))
+    setup = _secagg_message(Stage.SETUP, "7", **{Key.SAMPLE_NUMBER: 3, Key.THRESHOLD: 2})
+    for key in (Key.PUBLIC_KEY_1, Key.CIPHERTEXT_LIST, Key.SHARE_LIST):
+        keys = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({key: b"k"})})
+        console.answered(setup, Message(keys, reply_to=setup))
     masked = pack(metrics={"num-examples": 10.0})
     masked[RECORD_KEY_CONFIGS] = ConfigRecord({Key.MASKED_PARAMETERS: [b"m"]})
     console.answered(setup, Message(masked, reply_to=setup))
-    assert lines[0] == "[NYU] SecAgg+: sent keys or key shares"
-    assert "sent 0 tensors (0 B) and its update masked (SecAgg+" in lines[1]
+    assert lines[:3] == [
+        "[NYU] round 7: SecAgg+ setup: sent its public keys",
+        "[NYU] round 7: SecAgg+ key sharing: sent its secrets' shares, encrypted for each "
+        "other site",
+        "[NYU] round 7: SecAgg+ unmasking: sent the shares that remove the masks of the "
+        "round's sum"]
+    assert "sent 0 tensors (0 B) and its update masked (SecAgg+" in lines[3]
 
 
 @pytest.fixture(scope="module")

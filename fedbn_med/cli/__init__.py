@@ -56,7 +56,11 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     args = build_parser(task).parse_args(argv)
     if args.sites_dir is not None:  # read by every process this command starts, too
         os.environ["FEDBN_MED_SITES"] = str(args.sites_dir)
+    root = logging.getLogger()
+    own_console = not root.handlers
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if own_console:  # warnings and errors only, whatever level a library sets its logger to
+        root.handlers[0].setLevel(logging.WARNING)
     # SIGTERM stops everything this command started, as Ctrl-C does: both unwind through
     # the launcher's clean-up (every child process and its session).
     try:

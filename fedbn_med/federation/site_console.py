@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flwr.app import Message
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
 from fedbn_med.federation.records import unpack
 from fedbn_med.federation.wire import EVAL, INFO, METRICS, config_round
@@ -27,6 +27,19 @@ def _size(n_bytes: int) -> str:
             return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
         n_bytes /= 1024  # type: ignore[assignment]
     return f"{n_bytes} B"  # pragma: no cover - the loop always returns
+
+
+def _secagg_stage(reply: Message) -> str:
+    """Say what a SecAgg+ stage's reply holds, from its keys (never their values)."""
+    record = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+    keys = set(record) if record is not None else set()
+    if Key.PUBLIC_KEY_1 in keys:
+        return "setup: sent its public keys"
+    if Key.CIPHERTEXT_LIST in keys:
+        return "key sharing: sent its secrets' shares, encrypted for each other site"
+    if Key.SHARE_LIST in keys:
+        return "unmasking: sent the shares that remove the masks of the round's sum"
+    return "stage: sent keys or key shares"
 
 
 def _numbers(sections: dict[str, dict]) -> str:
@@ -82,7 +95,8 @@ class SiteConsole:
         try:
             sent = unpack(reply.content)
         except ValueError:  # a SecAgg+ stage: keys or key shares, nothing of the site's data
-            self.write(f"[{self.site}] SecAgg+: sent keys or key shares")
+            self.write(f"[{self.site}] round {message.metadata.group_id or '?'}: SecAgg+ "
+                       f"{_secagg_stage(reply)}")
             return
         if kind == "query":
             facts = ", ".join(sent.section(INFO))
