@@ -44,12 +44,14 @@ class ScriptedGrid:
         self.nodes = nodes
         self.answer = answer
         self.empty_polls = 0
+        self.exchanges = 0
         self.sent: list[tuple[str, int]] = []
 
     def node_ids(self) -> list[int]:
         return list(self.nodes)
 
     def send(self, messages, timeout, until=None):  # noqa: ANN001, ANN201, ARG002
+        self.exchanges += 1
         replies = []
         for message in messages:
             node, kind = message.metadata.dst_node_id, message.metadata.message_type

@@ -28,10 +28,9 @@ from typing import Any, ClassVar, TypeVar
 __all__ = [
     "Done", "Event", "ForkRequest", "HostReady", "HostRefused", "Joined", "NodeFailed",
     "EvaluationRefused", "NodeLost", "NodeReady", "Ready", "Rejoined", "Round", "RunFailed",
-    "ServerStarted",
-    "SiteError", "SiteExited", "SiteForked", "SiteRefused", "Trained", "TrackingReady",
-    "TrackingWarm", "Unknown", "UpdateRefused", "append_event", "decode", "emit", "encode",
-    "kinds", "read_events",
+    "ServerStarted", "SiteError", "SiteExited", "SiteForked", "SiteRefused", "Trained",
+    "TrackingReady", "TrackingWarm", "Unknown", "UpdateRefused", "append_event", "decode",
+    "emit", "encode", "kinds", "read_events",
 ]
 
 # A pipe write of at most this many bytes is atomic (POSIX PIPE_BUF): several site
@@ -258,9 +257,7 @@ class Trained(Event):
     #: each accepted site's share of the average, and every checked update's norm
     shares: dict[str, float] = field(default_factory=dict)
     norms: dict[str, float] = field(default_factory=dict)
-    #: the times the server sent the sites messages and awaited their replies this round
-    #: (under SecAgg+ its stages; a stage of the next round sent alongside counts once)
-    exchanges: int = 1
+    exchanges: int = 1  #: messages sent to the sites and awaited, together (SecAgg+: stages)
 
 
 @_register

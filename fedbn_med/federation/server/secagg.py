@@ -301,13 +301,11 @@ def secagg_fit(grid: FastGrid, contents: Mapping[int, RecordDict], rnd: int, *,
         protocol = SecAggProtocol(grid, rnd, contents, clip)
         protocol.key(direct)
     following = SecAggProtocol(grid, rnd + 1, contents, clip) if key_next else None
-    if not protocol.keyed:
-        pass  # no sum this round (summed() says why)
-    elif following is None:
-        protocol.finish(direct, contents)
-    else:
+    if protocol.keyed and following is not None:  # not keyed: no sum (summed() says why)
         _side_by_side(grid, timeout, [lambda send: protocol.finish(send, contents),
                                       following.key])
+    elif protocol.keyed:
+        protocol.finish(direct, contents)
     if following is not None and not following.keyed:
         following = None  # the next round keys itself, alone
     return protocol.summed(), following
