@@ -2,12 +2,11 @@
 """What SecAgg+ costs per round: FedBN over Flower, plain and under secure aggregation.
 
 Runs the 4-site ABIDE FedBN federation on 127.0.0.1 with the same spec, plain and with
-``--secagg`` (Flower's SecAgg+ workflow and mod: its four stages, masks and their shares;
-each round after the first is keyed during the one before, so two exchanges of its own
-where plain FedBN has one), and prints the seconds per round of each and their ratio
-(target: SecAgg at most 2x plain FedBN on 4 sites). With ``--repeat N`` the two runs
-alternate N times and the medians are printed: this machine's speed drifts between
-runs minutes apart.
+``--secagg`` (Flower's SecAgg+ workflow and mod: four exchanges per round instead of one,
+masks and their shares), and prints the seconds and exchanges per round of each and their
+ratio (target: SecAgg at most 2x plain FedBN on 4 sites). With ``--repeat N`` the two
+runs alternate N times; the medians are printed, and the median ratio of the pairs: a
+shared machine's speed drifts between runs minutes apart.
 
     python benchmarks/secagg_overhead.py              # 20 rounds each
     python benchmarks/secagg_overhead.py --quick      # 3 rounds each

@@ -81,3 +81,14 @@ def test_the_default_store_is_named_without_importing_mlflow(tmp_path, monkeypat
     from fedbn_med.paths import default_tracking_uri
 
     assert default_tracking_uri() == "sqlite:///elsewhere.db"
+
+
+def test_a_command_prints_warnings_but_not_a_librarys_debug_lines():
+    # Flower's logger is at DEBUG: its SecAgg+ mod's stage lines reached a site's console
+    code = ("import logging; from fedbn_med.cli import console_logging; console_logging(); "
+            "flwr = logging.getLogger('flwr'); flwr.setLevel(logging.DEBUG); "
+            "flwr.debug('stage 0 debug'); flwr.warning('a warning')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "WARNING flwr: a warning" in done.stderr
+    assert "stage 0 debug" not in done.stderr + done.stdout

@@ -58,7 +58,7 @@ def test_a_site_refuses_to_mask_an_update_an_honest_site_does_not_send(sent, mat
                    max_norm=10.0)
 
 
-def _secagg_message(stage: str, group: str = "", **configs: int | float) -> Message:
+def _secagg_message(stage: str, group: str = "", **configs: int) -> Message:
     content = RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.STAGE: stage, **configs})})
     metadata = Metadata(run_id=1, message_id="", src_node_id=0, dst_node_id=1,
                         message_type=MessageType.TRAIN, group_id=group, ttl=60.0,
@@ -85,40 +85,6 @@ def test_a_site_takes_part_in_secagg_only_when_its_policy_allows_it(tmp_path):
         with pytest.raises(PermissionError, match=f"refuses a SecAgg\\+ round of {sites} sites "
                                                   f"with a reconstruction threshold of {needed}"):
             secagg_gate(low, _context(tmp_path, secagg=True), never)
-
-
-def test_each_round_runs_on_its_own_protocol_state_and_a_site_keeps_two(tmp_path):
-    # The server keys round r + 1 while round r collects and unmasks: a setup for the
-    # next round must not wipe the state the current round still needs.
-    def never(msg, ctx):  # noqa: ANN001, ANN202
-        raise AssertionError("the site's handler must not run")
-
-    setup = {Key.SAMPLE_NUMBER: 3, Key.SHARE_NUMBER: 3, Key.THRESHOLD: 2,
-             Key.CLIPPING_RANGE: 8.0, Key.TARGET_RANGE: 1 << 20, Key.MOD_RANGE: 1 << 30,
-             Key.MAX_WEIGHT: 1.0}
-    context = _context(tmp_path, secagg=True)
-
-    def stages() -> dict[str, str]:
-        return {key: str(record["current_stage"]) for key, record in context.state.items()
-                if key.startswith("secaggplus_state")}
-
-    keys = {}
-    for group in ("1", "2"):
-        reply = secagg_gate(_secagg_message(Stage.SETUP, group, **setup), context, never)
-        keys[group] = reply.content.config_records[RECORD_KEY_CONFIGS][Key.PUBLIC_KEY_1]
-    assert keys["1"] != keys["2"]  # fresh keys for every round
-    assert stages() == {"secaggplus_state.1": Stage.SETUP, "secaggplus_state.2": Stage.SETUP}
-    # round 1 goes on from its own stage (round 2's setup did not move it)
-    with pytest.raises(ValueError, match="expect share_keys stage, but receive "
-                                         "collect_masked_vectors stage"):
-        secagg_gate(_secagg_message(Stage.COLLECT_MASKED_VECTORS, "1"), context, never)
-    # a third round's setup drops the oldest: its next stage finds no state of its round
-    secagg_gate(_secagg_message(Stage.SETUP, "3", **setup), context, never)
-    assert set(stages()) == {"secaggplus_state.2", "secaggplus_state.3"}
-    with pytest.raises(ValueError, match="expect setup stage, but receive share_keys stage"):
-        secagg_gate(_secagg_message(Stage.SHARE_KEYS, "1"), context, never)
-    with pytest.raises(PermissionError, match="group ID must be its round number, got '../x'"):
-        secagg_gate(_secagg_message(Stage.SETUP, "../x", **setup), context, never)
 
 
 def test_node_and_server_settings_validate_secagg():
@@ -244,9 +210,7 @@ def test_a_site_dropping_out_mid_round_leaves_the_sum_of_the_others(
     trained = [e for e in events if isinstance(e, Trained)]
     assert [e.sites for e in trained] == [sorted((*SITES, "UCLA")), sorted(SITES)]
     assert trained[1].missing == ["UCLA"]
-    # round 2 was keyed during round 1 (its setup beside round 1's collection, its shares
-    # beside round 1's unmasking): two exchanges of its own, though a site left in it
-    assert [e.exchanges for e in trained] == [4, 2]
+    assert [e.exchanges for e in trained] == [4, 4]  # SecAgg+'s four stages, every round
     # the masks of UCLA were removed from its shares: the sum's total weight matched the
     # three sites' counts, and nothing was refused
     assert not [e for e in events if isinstance(e, UpdateRefused)], events
@@ -282,6 +246,10 @@ def test_the_site_console_says_what_left_in_each_secagg_stage():
         "[NYU] round 7: SecAgg+ unmasking: sent the shares that remove the masks of the "
         "round's sum"]
     assert "sent 0 tensors (0 B) and its update masked (SecAgg+" in lines[3]
+    odd = _secagg_message(Stage.SETUP, "\x1b[2J1", **{Key.SAMPLE_NUMBER: 3, Key.THRESHOLD: 2})
+    console.answered(odd, Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(
+        {Key.PUBLIC_KEY_1: b"k"})}), reply_to=odd))
+    assert lines[4] == "[NYU] round ?: SecAgg+ setup: sent its public keys"  # never printed
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,21 @@ from fedbn_med.spec import RunSpec
 if TYPE_CHECKING:
     from fedbn_med.api.result import FederationResult
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "console_logging", "main"]
+
+
+def console_logging() -> None:
+    """Print warnings and errors of any logger, whatever level a library set it to.
+
+    Flower sets its own logger to DEBUG (its SecAgg+ mod logs every stage there); a
+    hospital site's console shows what the site sent, not that. A process that already
+    has handlers (a test run) keeps them as they are.
+    """
+    root = logging.getLogger()
+    own_console = not root.handlers
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if own_console:
+        root.handlers[0].setLevel(logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
@@ -56,11 +70,7 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     args = build_parser(task).parse_args(argv)
     if args.sites_dir is not None:  # read by every process this command starts, too
         os.environ["FEDBN_MED_SITES"] = str(args.sites_dir)
-    root = logging.getLogger()
-    own_console = not root.handlers
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if own_console:  # warnings and errors only, whatever level a library sets its logger to
-        root.handlers[0].setLevel(logging.WARNING)
+    console_logging()
     # SIGTERM stops everything this command started, as Ctrl-C does: both unwind through
     # the launcher's clean-up (every child process and its session).
     try:

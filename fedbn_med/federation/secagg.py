@@ -50,9 +50,6 @@ __all__ = ["MAX_NORM", "SCALE", "check_outgoing", "clipping_range", "is_secagg",
 #: site accepts: with fewer, the sum of the others is one site's update.
 MIN_SITES = 2
 
-#: The rounds whose SecAgg+ state a site keeps at once: the one unmasking, the next keyed.
-ROUND_STATES = 2
-
 
 def vector_keys(keys: Collection[str]) -> list[str]:
     """Return the order in which the exchanged tensors enter the masked vector."""
@@ -89,39 +86,7 @@ def secagg_gate(msg: Message, context: Context, call_next: ClientAppCallable) ->
                 f"reconstruction threshold of {needed!r}: it takes part with at least "
                 f"{MIN_SITES} sites and a threshold of a majority of them (at least "
                 f"{MIN_SITES}); with less, the server could read one site's update.")
-    return _in_round_state(msg, context, call_next, configs.get(Key.STAGE) == Stage.SETUP)
-
-
-def _in_round_state(msg: Message, context: Context, call_next: ClientAppCallable,
-                    setup: bool) -> Message:
-    """Run Flower's mod on the protocol state of the message's round (its group ID).
-
-    The server may key the next round (its setup and share-keys stages) while this one
-    is still collecting and unmasking (:mod:`.server.secagg`): each round's protocol
-    runs on its own state, with fresh keys, and Flower's mod still checks the order of
-    that round's stages. A site keeps at most :data:`ROUND_STATES` of them; a setup
-    drops the oldest beyond that.
-    """
-    group = msg.metadata.group_id
-    if len(group) > 20 or not (group == "" or group.isdigit()):
-        raise PermissionError(f"A SecAgg+ message's group ID must be its round number, got "
-                              f"{group[:40]!r}.")
-    records = context.state  # every record it keeps (config_records is a copy)
-    key = f"{RECORD_KEY_STATE}.{group}"
-    kept = sorted((k for k in records if k.startswith(f"{RECORD_KEY_STATE}.")),
-                  key=lambda k: (len(k), k))
-    if setup:
-        for old in [k for k in kept if k != key][:-(ROUND_STATES - 1) or None]:
-            del records[old]
-    if key in records:
-        records[RECORD_KEY_STATE] = records.pop(key)
-    else:
-        records.pop(RECORD_KEY_STATE, None)  # a round never set up: the mod refuses it
-    try:
-        return secaggplus_mod(msg, context, call_next)
-    finally:
-        if RECORD_KEY_STATE in records:
-            records[key] = records.pop(RECORD_KEY_STATE)
+    return secaggplus_mod(msg, context, call_next)
 
 
 def clipping_range(context: Context) -> float:

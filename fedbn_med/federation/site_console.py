@@ -95,8 +95,9 @@ class SiteConsole:
         try:
             sent = unpack(reply.content)
         except ValueError:  # a SecAgg+ stage: keys or key shares, nothing of the site's data
-            self.write(f"[{self.site}] round {message.metadata.group_id or '?'}: SecAgg+ "
-                       f"{_secagg_stage(reply)}")
+            group = message.metadata.group_id  # the server's: printed only as a number
+            rnd = group if group.isdecimal() and len(group) <= 9 else "?"
+            self.write(f"[{self.site}] round {rnd}: SecAgg+ {_secagg_stage(reply)}")
             return
         if kind == "query":
             facts = ", ".join(sent.section(INFO))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -54,36 +54,11 @@ class FastGrid:
         one type whose replies take very different times (the stages of SecAgg+).
         """
         messages = list(messages)
-        return self._exchange(messages, self.grid.push_messages(messages), timeout, until,
-                              pace)
-
-    def send_groups(self, groups: Sequence[Sequence[Message]], timeout: float,
-                    pace: str | None = None) -> list[list[Message]]:
-        """Push several groups of messages at once; return each group's replies.
-
-        One exchange for all of them: each site gets its messages of every group together
-        and answers them one after the other (see :mod:`.secagg`, which keys the next
-        round's SecAgg+ protocol while this one's finishes).
-        """
-        messages = [m for group in groups for m in group]
-        ids = list(self.grid.push_messages(messages))
-        labels = [g for g, group in enumerate(groups) for _ in group]
-        owner = {i: g for i, g in zip(ids, labels) if i}
-        out: list[list[Message]] = [[] for _ in groups]
-        for reply in self._exchange(messages, ids, timeout, None, pace):
-            group = owner.get(reply.metadata.reply_to_message_id)
-            if group is not None:
-                out[group].append(reply)
-        return out
-
-    def _exchange(self, messages: list[Message], ids: Iterable[str], timeout: float,
-                  until: Callable[[list[Message]], bool] | None, pace: str | None
-                  ) -> list[Message]:
         kind = pace or (messages[0].metadata.message_type if messages else "")
         pacer = self.pacers.setdefault(kind, Pacer(poll=self.poll, max_poll=self.max_poll,
                                                    share=0.8))
         deadline = time.monotonic() + timeout
-        pending = {i for i in ids if i}
+        pending = {i for i in self.grid.push_messages(messages) if i}
         self.exchanges += 1
         pacer.start()
         replies: list[Message] = []

@@ -38,7 +38,7 @@ from fedbn_med.federation.server.checks import (
 )
 from fedbn_med.federation.server.recorder import Fits, RunRecorder
 from fedbn_med.federation.server.registry import SiteRegistry
-from fedbn_med.federation.server.secagg import SecAggProtocol, SecAggRound
+from fedbn_med.federation.server.secagg import SecAggRound
 from fedbn_med.federation.wire import EvaluateInstruction, TrainInstruction
 from fedbn_med.fl.partition import partition_model
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
@@ -89,8 +89,6 @@ class FederationServer:
             )
         # under SecAgg+, the sites' updates reach the server only summed (.secagg)
         self.secagg = settings.secagg and self.strategy.exchanges  # else nothing is summed
-        #: the next round's SecAgg+ protocol, keyed during this round (.secagg)
-        self.secagg_keyed: SecAggProtocol | None = None
         if self.secagg and self.strategy.controls:
             raise ValueError(
                 f"Strategy '{self.strategy.name}' cannot run under SecAgg: SecAgg sums the "

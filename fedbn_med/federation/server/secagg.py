@@ -9,15 +9,6 @@ masks, and those of a site that dropped out, so that its pairwise masks cancel).
 setup and collection the workflow's ``FitIns`` are replaced by our own train message; its
 replies go through :class:`~.grid.FastGrid`, paced per stage.
 
-The setup and share-keys stages need nothing of the round's global weights, so the next
-round is keyed during this one: its setup goes out with this round's train message, its
-key shares with this round's unmask request, each pair in one exchange (every site
-answers both, one after the other, on a protocol state per round:
-:func:`fedbn_med.federation.secagg.secagg_gate`). A round then has two exchanges of its
-own where it had four. Both rounds run Flower's stages unchanged, each on a thread of
-its own that waits for the other to send (:func:`_side_by_side`). The next round uses
-the keys only if its sites are the ones it was keyed for; otherwise it keys itself.
-
 What the server gets is ``sum_i n_i w_i / scale`` and ``sum_i n_i / scale`` (the site's
 vector, :mod:`fedbn_med.federation.secagg`). The checks that need one site's update (its
 norm against the others', its count against its registered one) cannot run here; what
@@ -33,9 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +52,7 @@ if TYPE_CHECKING:
     from fedbn_med.federation.server.grid import FastGrid
     from fedbn_med.federation.server.rounds import FederationServer
 
-__all__ = ["SecAggProtocol", "SecAggRound", "SecAggSum", "secagg_fit", "sum_reason",
-           "threshold"]
+__all__ = ["SecAggRound", "SecAggSum", "secagg_fit", "sum_reason", "threshold"]
 
 logger = logging.getLogger("fedbn_med.server")
 
@@ -100,15 +89,11 @@ class SecAggSum:
     why: str = ""
 
 
-#: How a protocol's stage sends its messages: ``(messages, pace) -> replies``
-Sender = Callable[[list[Message], str], list[Message]]
-
-
 class _StageGrid:
-    """The ``send_and_receive`` the workflow calls: one pace per stage, through ``send``."""
+    """The ``send_and_receive`` the workflow calls, over our grid, one pace per stage."""
 
-    def __init__(self) -> None:
-        self.send: Sender = lambda messages, pace: []
+    def __init__(self, grid: FastGrid, timeout: float) -> None:
+        self.grid, self.timeout = grid, timeout
         self.replies: dict[str, list[Message]] = {}
         self.seconds: dict[str, float] = {}
 
@@ -118,7 +103,7 @@ class _StageGrid:
         stage = (str(messages[0].content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE))
                  if messages else "")
         started = time.monotonic()
-        replies = self.send(messages, stage)
+        replies = self.grid.send(messages, timeout=self.timeout, pace=f"secagg-{stage}")
         self.seconds[stage] = time.monotonic() - started
         self.replies[stage] = replies
         return replies
@@ -156,159 +141,48 @@ class _Capture(Strategy):
         return None
 
 
-class SecAggProtocol:
-    """One round's SecAgg+ protocol: Flower's workflow, run a stage pair at a time."""
-
-    def __init__(self, grid: FastGrid, rnd: int, nodes: Collection[int], clip: float) -> None:
-        self.rnd, self.nodes = rnd, tuple(sorted(nodes))
-        self.capture = _Capture(list(self.nodes), grid.grid)
-        self.context = LegacyContext(Context(run_id=0, node_id=0, node_config={},
-                                             state=RecordDict(), run_config={}),
-                                     strategy=self.capture)
-        self.context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
-            {WorkflowKey.CURRENT_ROUND: rnd})
-        self.context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
-        # max_weight 1: every site masks with weight 1 (its own weight is in its vector)
-        self.workflow = SecAggPlusWorkflow(
-            num_shares=1.0, reconstruction_threshold=threshold(len(self.nodes)),
-            max_weight=1.0, clipping_range=clip)
-        self.staged = _StageGrid()
-        self.state = WorkflowState()
-        self.keyed = False  # its setup and share-keys stages are done
-        self.done = False  # its sum is in (capture.mean)
-        self.why = ""
-
-    def _stages(self, send: Sender, *stages: Callable[..., bool]) -> bool:
-        self.staged.send = send
-        try:
-            return all(stage(self.staged, self.context, self.state) for stage in stages)
-        except Exception as err:  # a malformed reply stops the protocol: no sum this round
-            self.why = f"the SecAgg+ protocol failed ({type(err).__name__}: {err})"
-            return False
-
-    def key(self, send: Sender) -> None:
-        """Run the setup and share-keys stages (public keys, then encrypted shares)."""
-        workflow = self.workflow
-        self.keyed = self._stages(send, workflow.setup_stage, workflow.share_keys_stage)
-
-    def finish(self, send: Sender, contents: Mapping[int, RecordDict]) -> None:
-        """Send each node its train message, collect the masked vectors, unmask their sum."""
-        self.state.nid_to_fitins = {n: contents[n] for n in self.state.nid_to_fitins}
-        workflow = self.workflow
-        self.done = self._stages(send, workflow.collect_masked_vectors_stage,
-                                 workflow.unmask_stage)
-
-    def summed(self) -> SecAggSum:
-        """Return what the protocol gave the server."""
-        staged, nodes = self.staged, self.nodes
-        out = SecAggSum(why=self.why)
-        out.replies = staged.replies.get(Stage.COLLECT_MASKED_VECTORS, [])
-        out.contributors = sorted(m.metadata.src_node_id for m in out.replies
-                                  if not m.has_error())
-        out.answered = {m.metadata.src_node_id for r in staged.replies.values() for m in r}
-        logger.info("Round %d SecAgg+ stages (s, exchange only): %s", self.rnd,
-                    ", ".join(f"{k} {v:.2f}" for k, v in staged.seconds.items()))
-        if self.done and self.capture.mean is not None:
-            out.mean = self.capture.mean
-        elif not out.why:
-            out.why = (f"the SecAgg+ protocol stopped with {len(out.contributors)} of "
-                       f"{len(nodes)} sites' vectors (it needs {threshold(len(nodes))} to "
-                       "remove the masks)")
-        return out
-
-
-def _side_by_side(grid: FastGrid, timeout: float, jobs: Sequence[Callable[[Sender], None]]
-                  ) -> None:
-    """Run the jobs (protocol stages) side by side, each exchange of theirs merged.
-
-    Each job runs on a thread of its own until it sends; once every job still running
-    has sent, their messages go out in one push and each gets its own replies back
-    (:meth:`FastGrid.send_groups`). The stages themselves are Flower's, unchanged.
-    """
-    lock = threading.Condition()
-    asked: dict[int, tuple[list[Message], str]] = {}
-    answers: dict[int, list[Message] | BaseException] = {}
-    running = set(range(len(jobs)))
-    failed: list[BaseException] = []
-
-    def sender(job: int) -> Sender:
-        def send(messages: list[Message], pace: str) -> list[Message]:
-            with lock:
-                asked[job] = (messages, pace)
-                lock.notify_all()
-                lock.wait_for(lambda: job in answers)
-                answer = answers.pop(job)
-            if isinstance(answer, BaseException):
-                raise answer
-            return answer
-        return send
-
-    def body(job: int) -> None:
-        try:
-            jobs[job](sender(job))
-        except BaseException as err:  # noqa: BLE001 - raised again by the caller's thread
-            failed.append(err)
-        finally:
-            with lock:
-                running.discard(job)
-                lock.notify_all()
-
-    threads = [threading.Thread(target=body, args=(job,), daemon=True,
-                                name=f"fedbn-secagg-{job}") for job in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    while True:
-        with lock:
-            lock.wait_for(lambda: all(job in asked for job in running))
-            if not running:
-                break
-            batch = dict(asked)
-            asked.clear()
-        try:
-            groups: list[list[Message]] | BaseException = grid.send_groups(
-                [messages for messages, _ in batch.values()], timeout=timeout,
-                pace="secagg-" + "+".join(pace for _, pace in batch.values()))
-        except BaseException as err:  # noqa: BLE001 - each waiting stage raises it
-            groups = err
-        with lock:
-            for k, job in enumerate(batch):
-                answers[job] = groups if isinstance(groups, BaseException) else groups[k]
-            lock.notify_all()
-    for thread in threads:
-        thread.join()
-    if failed:
-        raise failed[0]
-
-
 def secagg_fit(grid: FastGrid, contents: Mapping[int, RecordDict], rnd: int, *,
-               clip: float, timeout: float, keyed: SecAggProtocol | None = None,
-               key_next: bool = False) -> tuple[SecAggSum, SecAggProtocol | None]:
+               clip: float, timeout: float) -> SecAggSum:
     """Run one training round as Flower's SecAgg+ stages; return the unmasked mean.
 
     ``contents`` is each node's train message content (ours); each stage waits at most
-    ``timeout`` seconds. ``keyed`` is this round's protocol when it was keyed already,
-    during the previous round (used only if it was keyed for these very nodes). With
-    ``key_next``, the next round's setup and share-keys stages run beside this round's
-    collection and unmasking, one exchange each for both rounds, for these nodes; the
-    second value returned is that protocol (None without ``key_next``).
+    ``timeout`` seconds.
     """
-    def direct(messages: list[Message], pace: str) -> list[Message]:
-        return grid.send(messages, timeout=timeout, pace=f"secagg-{pace}")
-
-    protocol = keyed
-    if protocol is None or protocol.rnd != rnd or set(protocol.nodes) != set(contents) \
-            or not protocol.keyed:
-        protocol = SecAggProtocol(grid, rnd, contents, clip)
-        protocol.key(direct)
-    following = SecAggProtocol(grid, rnd + 1, contents, clip) if key_next else None
-    if protocol.keyed and following is not None:  # not keyed: no sum (summed() says why)
-        _side_by_side(grid, timeout, [lambda send: protocol.finish(send, contents),
-                                      following.key])
-    elif protocol.keyed:
-        protocol.finish(direct, contents)
-    if following is not None and not following.keyed:
-        following = None  # the next round keys itself, alone
-    return protocol.summed(), following
+    nodes = sorted(contents)
+    capture = _Capture(nodes, grid.grid)
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                                    run_config={}), strategy=capture)
+    context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord(
+        {WorkflowKey.CURRENT_ROUND: rnd})
+    context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord()
+    # max_weight 1: every site masks with weight 1 (its own weight is in its vector)
+    workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=threshold(len(nodes)),
+                                  max_weight=1.0, clipping_range=clip)
+    staged = _StageGrid(grid, timeout)
+    state = WorkflowState()
+    out = SecAggSum()
+    try:
+        done = workflow.setup_stage(staged, context, state)  # type: ignore[arg-type]
+        if done:
+            state.nid_to_fitins = {n: contents[n] for n in state.nid_to_fitins}
+            done = (workflow.share_keys_stage(staged, context, state)  # type: ignore[arg-type]
+                    and workflow.collect_masked_vectors_stage(staged, context,  # type: ignore[arg-type]
+                                                              state)
+                    and workflow.unmask_stage(staged, context, state))  # type: ignore[arg-type]
+    except Exception as err:  # a malformed reply stops the protocol: no sum this round
+        out.why = f"the SecAgg+ protocol failed ({type(err).__name__}: {err})"
+        done = False
+    out.replies = staged.replies.get(Stage.COLLECT_MASKED_VECTORS, [])
+    out.contributors = sorted(m.metadata.src_node_id for m in out.replies if not m.has_error())
+    out.answered = {m.metadata.src_node_id for r in staged.replies.values() for m in r}
+    logger.info("Round %d SecAgg+ stages (s, exchange only): %s", rnd,
+                ", ".join(f"{k} {v:.2f}" for k, v in staged.seconds.items()))
+    if done and capture.mean is not None:
+        out.mean = capture.mean
+    elif not out.why:
+        out.why = (f"the SecAgg+ protocol stopped with {len(out.contributors)} of {len(nodes)} "
+                   f"sites' vectors (it needs {threshold(len(nodes))} to remove the masks)")
+    return out
 
 
 def sum_reason(mean: list[np.ndarray], contributors: int, reference: Mapping[str, torch.Tensor],
@@ -363,11 +237,8 @@ class SecAggRound:
             server._instruction(rnd, evaluate_first), secagg_scale=self.scale,
             secagg_max_norm=settings.secagg_max_norm))
         contents = {n: RecordDict(dict(payload.items())) for n in self.nodes}
-        # the next round is keyed during this one's collection and unmasking
-        self.summed, server.secagg_keyed = secagg_fit(
-            server.grid, contents, rnd, clip=settings.secagg_clip,
-            timeout=settings.round_timeout, keyed=server.secagg_keyed,
-            key_next=rnd < server.config.rounds)
+        self.summed = secagg_fit(server.grid, contents, rnd, clip=settings.secagg_clip,
+                                 timeout=settings.round_timeout)
 
     def outcome(self, readable: Collection[str]) -> RoundOutcome:
         """Return the round's new global weights, or every contributor refused and why.
