@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 __all__ = ["DATA_ENV_VAR", "DEFAULT_DATA_DIR", "default_tracking_uri", "repo_root",
-           "resolve_data_dir", "runs_page", "seed_store"]
+           "resolve_data_dir", "runs_page", "seed_store", "sqlite_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,12 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """Return the database file of a ``sqlite:///`` MLflow store, None for any other URI."""
+    prefix = "sqlite:///"
+    return Path(tracking_uri[len(prefix):]) if tracking_uri.startswith(prefix) else None
+
+
 def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
     """Return how to open a run's experiment in MLflow's web UI, on its runs list.
 
@@ -107,8 +113,9 @@ def _run_experiment(tracking_uri: str, run_id: str | None) -> str:
     """Return the experiment ID of ``run_id`` ("0" when it cannot be found: a hint only)."""
     if not run_id:
         return "0"
-    if tracking_uri.startswith("sqlite:///"):
-        store = Path(tracking_uri[len("sqlite:///"):]).resolve()  # relative: to this folder
+    store = sqlite_file(tracking_uri)
+    if store is not None:
+        store = store.resolve()  # relative: to this folder, as MLflow reads it
         if not store.is_file():
             return "0"  # no store there (asking MLflow would make one)
         try:
@@ -141,10 +148,8 @@ def seed_store(tracking_uri: str) -> None:
     exists, or any other URI, is left alone; on any failure MLflow makes the store as
     it always does.
     """
-    if not tracking_uri.startswith("sqlite:///"):
-        return
-    path = Path(tracking_uri[len("sqlite:///"):])
-    if path.exists():
+    path = sqlite_file(tracking_uri)
+    if path is None or path.exists():
         return
     try:
         template = _empty_store()

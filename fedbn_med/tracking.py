@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import save_file
 
 import mlflow
-from fedbn_med.paths import default_tracking_uri, repo_root, runs_page, seed_store
+from fedbn_med.paths import default_tracking_uri, repo_root, runs_page, seed_store, sqlite_file
 
 __all__ = ["ROUND_PREFIX", "SITES_PER_ROUND", "FederationTracker", "default_tracking_uri",
            "end_status", "read_sites_per_round", "runs_page", "tracked", "warm_up"]
@@ -150,8 +150,9 @@ class FederationTracker:
                 self.client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, _TRAINING)
             return found.experiment_id
         location = None
-        if self.tracking_uri.startswith("sqlite:///"):  # artifacts beside the db, not in cwd
-            root = Path(self.tracking_uri[len("sqlite:///"):]).parent / "artifacts"
+        store = sqlite_file(self.tracking_uri)
+        if store is not None:  # artifacts beside the db, not in cwd
+            root = store.parent / "artifacts"
             root.mkdir(parents=True, exist_ok=True)
             location = root.as_uri()
         try:  # of no kind, MLflow 3 opens an experiment on its GenAI overview: ours are runs
