@@ -105,7 +105,10 @@ def runs_page(tracking_uri: str, run_id: str | None, port: int = 5000) -> str:
     path = f"/#/experiments/{experiment}/runs?workflowType=machine_learning"
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri.rstrip('/')}{path}"
-    return (f"mlflow ui --port {port} --backend-store-uri {tracking_uri}\n"
+    # MLflow's UI reports usage, the browser's too, unless told not to
+    # (fedbn_med.federation.telemetry)
+    return (f"MLFLOW_DISABLE_TELEMETRY=true mlflow ui --port {port} --backend-store-uri "
+            f"{tracking_uri}\n"
             f"  then open http://127.0.0.1:{port}{path}")
 
 

@@ -108,7 +108,8 @@ def test_the_runs_page_names_the_runs_experiment_without_importing_mlflow(tmp_pa
             f"print(runs_page({uri!r}, {run!r})); print('mlflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
-    assert out == [f"mlflow ui --port 5000 --backend-store-uri {uri}",
+    assert out == [f"MLFLOW_DISABLE_TELEMETRY=true mlflow ui --port 5000 --backend-store-uri "
+                   f"{uri}",
                    f"  then open http://127.0.0.1:5000/#/experiments/{experiment}/runs"
                    "?workflowType=machine_learning", "False"]
     # a run the store does not hold, or no run: the default experiment, still a hint

@@ -42,6 +42,7 @@ from fedbn_med.cli.parser import (
     spec_from_args,
 )
 from fedbn_med.cli.results import print_results
+from fedbn_med.federation.telemetry import telemetry_off
 from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def console_logging() -> None:
 
 def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     """Run a pipeline; return the process exit code."""
+    telemetry_off()  # before MLflow or Flower loads here or in a process started from here
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(task).parse_args(argv)
     if args.sites_dir is not None:  # read by every process this command starts, too

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> OnboardingResult:
     """Parse the arguments, onboard the site, print the comparison and return it."""
+    from fedbn_med.federation.telemetry import telemetry_off
+
+    telemetry_off()  # its MLflow record, and a quick federation's processes
     args = build_parser().parse_args(argv)
     from fedbn_med.cli.parser import task_settings
     from fedbn_med.onboarding import (

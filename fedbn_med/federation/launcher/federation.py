@@ -36,6 +36,7 @@ from fedbn_med.federation.launcher.processes import (
 from fedbn_med.federation.launcher.progress import SubmittedRun, follow
 from fedbn_med.federation.launcher.sitehost_client import SiteHostClient
 from fedbn_med.federation.launcher.supervisor import Child, Supervisor
+from fedbn_med.federation.telemetry import telemetry_off
 from fedbn_med.spec import RUN_CONFIG_KEY
 
 __all__ = ["LocalFederation"]
@@ -84,6 +85,7 @@ class LocalFederation:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.flwr_home),
                     "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        telemetry_off(self.env)  # the ServerApp logs to MLflow: no usage report from it
         (self.flwr_home / "config.toml").write_text(
             flower_cli.connection_config(self.address, self.tls))
         self.supervisor = Supervisor(self.workdir, self.env)
