@@ -35,6 +35,23 @@ def test_a_sites_generator_draws_the_masks_of_the_process_generator():
     assert torch.equal(twin(x), model.eval()(x))
 
 
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("shape", [(1, 1), (32, 6105), (7, 3, 5)])
+def test_the_linear_models_input_dropout_draws_what_bernoulli_draws(p, shape):
+    # the mask is drawn as rand(float64) < 1 - p, not with bernoulli_: the same mask, the
+    # generator left in the same state, so every later draw is the same too
+    layer = nn.Dropout(p).train()
+    x = torch.randn(shape)
+    seed_round(nn.Sequential(nn.Linear(1, 1), layer), 11)
+    got, after = layer(x), torch.rand(3, generator=layer.forward.generator)
+    gen = torch.Generator().manual_seed(11)
+    mask = torch.empty_like(x).bernoulli_(1 - p, generator=gen)
+    assert torch.equal(got, x * mask.div_(1 - p))
+    assert torch.equal(after, torch.rand(3, generator=gen))
+    torch.manual_seed(11)  # and the process generator's own dropout, as before
+    assert torch.equal(got, nn.functional.dropout(x, p, training=True))
+
+
 @pytest.mark.parametrize(("model", "expected"), [
     (AbideMLP(10, dropout=0.5), True), (AbideLinear(10, dropout=0.2), True),
     (nn.Sequential(nn.Linear(4, 4), nn.Dropout2d(0.5)), False),
