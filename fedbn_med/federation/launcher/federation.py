@@ -84,8 +84,8 @@ class LocalFederation:
         # flower-superexec): they must find the ones installed with this Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.flwr_home),
-                    "FLWR_TELEMETRY_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
-        telemetry_off(self.env)  # the ServerApp logs to MLflow: no usage report from it
+                    "PYTHONUNBUFFERED": "1"}
+        telemetry_off(self.env)  # Flower's and MLflow's usage reports (the ServerApp logs)
         (self.flwr_home / "config.toml").write_text(
             flower_cli.connection_config(self.address, self.tls))
         self.supervisor = Supervisor(self.workdir, self.env)
