@@ -49,6 +49,10 @@ from fedbn_med.spec import RunSpec  # noqa: E402
 from fedbn_med.tasks import get_task  # noqa: E402
 from fedbn_med.training.inprocess import build_federation  # noqa: E402
 
+#: --quick: the smallest built-in MRI sites (16-voxel volumes, 6 subjects; those of
+#: imaging_compare.py's --quick): the run's plumbing, not a compute-dominated figure.
+MRI_QUICK = {"image_size": 16, "subjects": 6}
+
 
 def in_process_seconds(spec: RunSpec) -> tuple[float, float]:
     """Return the rounds' wall time and the slowest site's compute per round.
@@ -172,8 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     mri_rounds = args.mri_rounds or (1 if args.quick else 3)
     torch.set_num_threads(1)
     mri = RunSpec.for_task("mri", rounds=mri_rounds, device="cpu",
-                           **({"image_size": 32, "subjects": 8} if args.quick else
-                              {"local_epochs": args.mri_epochs}))
+                           **(MRI_QUICK if args.quick else {"local_epochs": args.mri_epochs}))
     if args.mri_only:
         with tempfile.TemporaryDirectory(prefix="fedbn-overhead-") as tmp:
             mri_inproc, mri_site = in_process_seconds(mri)

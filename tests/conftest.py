@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import fedbn_med.numerics.pinned  # noqa: F401  (first: numpy reads its pin when it loads)
+import tests.one_thread  # noqa: F401  (first: libraries read their thread count as they load)
+
+# isort: split
+import fedbn_med.numerics.pinned  # noqa: F401  (numpy reads its pin when it loads)
 
 # isort: split
 import importlib

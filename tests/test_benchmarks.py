@@ -123,9 +123,9 @@ def test_quick_run_writes_table_plot_and_mlflow_run(name, bench, store, tmp_path
 def test_sweep_table_shows_the_corrected_interval_of_its_cells(bench, store, tmp_path):
     from fedbn_med.evaluation.intervals import corrected_t_interval, naive_t_interval
 
-    out = tmp_path / "out"  # two cells, the fewest that have an interval
-    assert bench("local_epochs").main(["--quick", "--epochs", "1", "--seeds", "2", "--out",
-                                       str(out), "--tracking-uri", store]) == 0
+    out = tmp_path / "out"  # two cells, the fewest that have an interval (of 2 rounds each)
+    assert bench("local_epochs").main(["--quick", "--epochs", "1", "--seeds", "2", "--rounds",
+                                       "2", "--out", str(out), "--tracking-uri", store]) == 0
     text = (out / "table.md").read_text()
     assert "mean [corrected 95 % CI] over 2 (fold, seed) cells" in text
     # the reference rows on the same cells: the majority class ranks nobody, 50 % balanced
@@ -221,7 +221,8 @@ def test_privacy_utility_repeats_with_seeded_noise_only(bench, store, tmp_path):
     """The same command gives the same DP table; --fresh-noise says it will not."""
     def table(tag: str, *extra: str) -> str:
         out = tmp_path / tag
-        argv = ["--quick", "--epsilons", "inf,1", "--out", str(out), "--tracking-uri", store]
+        # one private epsilon: its seeded noise is what must repeat
+        argv = ["--quick", "--epsilons", "1", "--out", str(out), "--tracking-uri", store]
         assert bench("privacy_utility").main([*argv, *extra]) == 0
         return (out / "table.csv").read_text(encoding="utf-8")
 

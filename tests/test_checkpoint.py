@@ -12,16 +12,24 @@ import torch
 from fedbn_med.checkpoint import load_tensors, save_tensors, state_hash
 
 WRITER = """
-import sys, torch
+import os, sys, torch
 from fedbn_med.checkpoint import save_tensors
 path = sys.argv[1]
-i = 0
-while True:
-    i += 1
-    big = torch.full((1_000_000,), float(i))   # 4 MB: a save takes a while
-    save_tensors(path, {"bn.running_mean": big, "bn.num_batches_tracked": torch.tensor(i)},
-                 {"round": i})
-    print(i, flush=True)
+# torch is loaded once, here; each writer is a process forked from this one, for each
+# attempt number read from stdin, and it saves until it is killed
+for line in sys.stdin:
+    attempt = line.strip()
+    pid = os.fork()
+    if pid == 0:
+        i = 0
+        while True:
+            i += 1
+            big = torch.full((1_000_000,), float(i))   # 4 MB: a save takes a while
+            save_tensors(path, {"bn.running_mean": big,
+                                "bn.num_batches_tracked": torch.tensor(i)}, {"round": i})
+            print(attempt, os.getpid(), i, flush=True)
+    os.waitpid(pid, 0)
+    print(attempt, "dead", flush=True)
 """
 
 
@@ -45,18 +53,37 @@ def test_damaged_or_missing_files_are_named(tmp_path):
 
 def test_killing_a_writer_mid_save_never_leaves_a_torn_file(tmp_path):
     path = tmp_path / "site.safetensors"
-    for attempt in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)],
-                                stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        proc.stdout.readline()  # at least one complete save
-        time.sleep(0.05 * attempt)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        tensors, meta = load_tensors(path)  # raises on a torn file
-        i = int(tensors["bn.num_batches_tracked"])
-        assert meta["round"] == i
-        assert torch.equal(tensors["bn.running_mean"], torch.full((1_000_000,), float(i)))
+    forks = subprocess.Popen([sys.executable, "-c", WRITER, str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert forks.stdin is not None and forks.stdout is not None
+    writer = None  # the writer process saving now, if any
+    try:
+        for attempt in range(6):
+            forks.stdin.write(f"{attempt}\n")
+            forks.stdin.flush()
+            while True:  # at least one complete save
+                got = forks.stdout.readline().split()
+                assert got, "the writer process ended"
+                if got[0] == str(attempt):
+                    break
+            writer = int(got[1])
+            time.sleep(0.05 * attempt)
+            os.kill(writer, signal.SIGKILL)
+            # until its parent has seen it die (its own last lines may come first)
+            while (line := forks.stdout.readline().split()[:2]) != [str(attempt), "dead"]:
+                assert line, "the writer process ended"
+            writer = None
+            tensors, meta = load_tensors(path)  # raises on a torn file
+            i = int(tensors["bn.num_batches_tracked"])
+            assert meta["round"] == i
+            assert torch.equal(tensors["bn.running_mean"], torch.full((1_000_000,), float(i)))
+    finally:
+        if writer is not None:  # a failed check: the writer would save on forever
+            os.kill(writer, signal.SIGKILL)
+        forks.kill()  # it forks no more writers (and its own exit would take seconds)
+        forks.wait(timeout=60)
+        forks.stdin.close()
+        forks.stdout.close()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != path.name]
     # a kill mid-write can leave a temporary file, never a half-written checkpoint
     assert all(name.endswith(".tmp") for name in leftovers)

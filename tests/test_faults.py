@@ -144,9 +144,10 @@ def test_new_site_joins_a_running_federation(fed, small_cohort, tmp_path):
         if isinstance(event, Trained) and event.round == 2:
             fed.start_site("UCLA", data_dir=small_cohort, device="cpu", threads=1)
 
+    # until_done: the last test of the module, whose federation is stopped next
     results = fed.watch(fed.submit(_run_config(config, tmp_path, **{
         "allow_join": True, "federation_id": "join"}), results_dir=tmp_path / "run"),
-        on_event=on_event, timeout=600, results_dir=tmp_path / "run")
+        on_event=on_event, timeout=600, results_dir=tmp_path / "run", until_done=True)
     joined = [e for e in events if type(e) is Joined and e.site == "UCLA"]  # not Rejoined
     assert joined and joined[0].resumed_round == 0
     first = min(r["round"] for r in results["rows"] if r["site"] == "UCLA")

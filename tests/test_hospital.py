@@ -319,7 +319,7 @@ def test_a_site_refuses_a_run_that_would_take_its_private_layers(keyed_fed, tmp_
     assert node.state_path("f-1").is_relative_to((tmp_path / "state").resolve())
     # NYU of the shared keyed federation: an honest node started as every site is
     k = keyed_fed
-    results, events = _keyed_run(k, "f-1", ("NYU",), 1, strategy="fedavg", wait_timeout=20.0)
+    results, events = _keyed_run(k, "f-1", ("NYU",), 1, strategy="fedavg", wait_timeout=8.0)
     assert "error" in results, results
     errors = [e for e in events if isinstance(e, SiteError)]
     assert errors and "refuses strategy 'fedavg'" in errors[0].reason

@@ -45,8 +45,9 @@ def test_unet_federation_keeps_adn_layers_at_the_site(tmp_path):
             rc = run_config(config, ServerSettings(
                 workdir=tmp_path / "run", federation_id="mri",
                 tracking_uri=sqlite_store(tmp_path / "mlflow.db")))
+            # until_done: the federation is stopped next, once its results are written
             results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"), timeout=600,
-                                results_dir=tmp_path / "run")
+                                results_dir=tmp_path / "run", until_done=True)
         finally:
             tap.close()
     assert set(results["final"]) == set(sites)

@@ -108,8 +108,10 @@ def test_site_link_cut_for_a_while_then_restored(network, small_cohort, tmp_path
             workdir=tmp_path / "run", tracking_uri=sqlite_store(tmp_path / "mlflow.db"),
             federation_id="netns", min_sites=1, round_timeout=12.0))
         try:
+            # until_done: the federation is stopped next, once its results are written
             results = fed.watch(fed.submit(rc, results_dir=tmp_path / "run"),
-                                on_event=on_event, timeout=600, results_dir=tmp_path / "run")
+                                on_event=on_event, timeout=600, results_dir=tmp_path / "run",
+                                until_done=True)
         except FederationError as err:  # say what each site saw, to tell a stall from a cut
             logs = "\n".join(f"--- site-{site}:\n{fed.log_tail(f'site-{site}', 30)}"
                              for site in SITES)

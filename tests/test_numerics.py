@@ -76,6 +76,14 @@ def _fresh(env_changes: dict[str, str], code: str) -> dict:
     return json.loads(_stdout(env_changes, code).strip().splitlines()[-1])
 
 
+def _fresh_together(*runs: tuple[dict[str, str], str]) -> list[dict]:
+    """Return :func:`_fresh` of each ``(env_changes, code)``, the processes side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(runs), 4)) as pool:
+        return list(pool.map(lambda run: _fresh(*run), runs))
+
+
 _REPORT = ("import json, os\nimport fedbn_med.numerics.pinned\nfrom fedbn_med import numerics\n"
            "import torch\ntorch.ones(4).sum()\n"
            "print(json.dumps({'env': {k: os.environ.get(k) for k in numerics.PINNED},"
@@ -84,35 +92,36 @@ _REPORT = ("import json, os\nimport fedbn_med.numerics.pinned\nfrom fedbn_med im
 
 @pytest.mark.skipif(not numerics.pinnable(), reason="the pin needs x86-64 with AVX2 and FMA")
 def test_a_fresh_process_runs_the_pinned_path_and_the_switch_turns_it_off() -> None:
-    pinned = _fresh({}, _REPORT)
+    # each case is a fresh interpreter of its own; they run side by side
+    pinned, native, own, loops, branch, late, inherited = _fresh_together(
+        ({}, _REPORT),
+        ({"FEDBN_MED_NUMERICS": "native"}, _REPORT),
+        ({"ATEN_CPU_CAPABILITY": "default"}, _REPORT),
+        ({"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"}, _REPORT),
+        ({"MKL_CBWR": "AVX2"}, _REPORT),
+        ({}, "import numpy\n" + _REPORT),
+        (dict(numerics.PINNED), "import numpy\n" + _REPORT))
     assert pinned["env"] == numerics.PINNED
     assert pinned["describe"]["mode"] == "pinned"
     assert pinned["describe"]["torch_capability"] == "AVX2"
     assert not pinned["describe"]["numpy_x86_v4"]
 
-    native = _fresh({"FEDBN_MED_NUMERICS": "native"}, _REPORT)
     assert all(value is None for value in native["env"].values())
 
     # A user's own choice is kept, and the record says the run is not on the pinned path.
-    own = _fresh({"ATEN_CPU_CAPABILITY": "default"}, _REPORT)
     assert own["describe"]["torch_capability"] == "DEFAULT"
     assert own["describe"]["mode"] == "native"
 
     # numpy without its AVX2 loops writes another cohort: not the pinned path either
-    loops = _fresh({"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"},
-                   _REPORT)
     assert loops["describe"]["mode"] == "native"
 
     # MKL's AVX2 branch gives other numbers on a non-Intel CPU: not the pinned path
-    branch = _fresh({"MKL_CBWR": "AVX2"}, _REPORT)
     assert branch["env"]["MKL_CBWR"] == "AVX2" and branch["describe"]["mode"] == "native"
 
     # numpy loaded first keeps its own kernels: the record says so
-    late = _fresh({}, "import numpy\n" + _REPORT)
     assert late["describe"]["loaded_before_pin"] == ["numpy"]
     assert late["describe"]["mode"] == "native"
     # ... unless the process had the variables from its start (a site a launcher started)
-    inherited = _fresh(dict(numerics.PINNED), "import numpy\n" + _REPORT)
     assert inherited["describe"]["loaded_before_pin"] == []
     assert inherited["describe"]["mode"] == "pinned"
 
@@ -264,9 +273,11 @@ def _numerics_benchmark():  # type: ignore[no-untyped-def]
 
 
 def test_the_benchmark_compares_its_runs_with_another_machines_table(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-        ) -> None:
-    # two code paths, 2 rounds on fold 0: each runs in a fresh process of its own
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        abide_release: Path) -> None:
+    # two code paths, 2 rounds on fold 0: each runs in a fresh process of its own, on the
+    # tiny real-layout release (each computes its features afresh, into a cache of its own;
+    # on the built-in cohort each would write the whole cohort first, some 8 s a process)
     bench = _numerics_benchmark()
     monkeypatch.setattr(bench, "PATHS", {bench.PINNED_PATH: {},
                                          "MKL: AVX2 branch (Intel CPUs only)":
@@ -274,7 +285,8 @@ def test_the_benchmark_compares_its_runs_with_another_machines_table(
     other = tmp_path / "other.csv"
     other.write_text("path,fold,selected_round,accuracy,balanced_accuracy,auc,"
                      "val_loss_sha256\npinned,0,1,0.5,0.5,0.5,000000000000\n")
-    assert bench.main(["--folds", "1", "--rounds", "2", "--against", str(other)]) == 0
+    assert bench.main(["--folds", "1", "--rounds", "2", "--data-dir", str(abide_release),
+                       "--against", str(other)]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| pinned | AVX2 / ")]
     assert len(rows) == 1 and rows[0].endswith("| differs |")  # another fingerprint

@@ -284,8 +284,12 @@ def test_compare_in_process_prints_the_subject_level_tests(small_cohort, tmp_pat
                                                            capsys) -> None:
     from fedbn_med.cli import main
 
+    # --workers 1: the cells run in this process, which has the stack imported already
+    # (a pool would start a fresh interpreter per cell; test_parallel_cells.py checks that
+    # a pool of two gives the same runs as one process)
     code = main(["--compare", "fedbn,fedavg", "--engine", "inprocess", "--sites", "NYU,UM",
                  "--data-dir", str(small_cohort), "--folds", "2", "--seeds", "1",
+                 "--workers", "1",
                  "--rounds", "2", "--quiet", "--workdir", str(tmp_path / "work"),
                  "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
     out = capsys.readouterr().out

@@ -49,8 +49,9 @@ METHODS = {"FedAvg": ("fedavg", None), "FedProx": ("fedprox", FEDPROX_MU),
 EPOCHS = (1, 8)
 WINDOW = 3
 MRI = {"image_size": 32, "subjects": 8, "slices": 4}  # small built-in MRI sites (CPU)
-#: --quick: 16-voxel volumes (a 3D U-Net's work falls eightfold; the CI checks the table's shape)
-MRI_QUICK = {**MRI, "image_size": 16}
+#: --quick: 16-voxel volumes (a 3D U-Net's work falls eightfold; the CI checks the table's
+#: shape) and the fewest subjects a site takes (6, as imaging_compare.py's --quick sites)
+MRI_QUICK = {**MRI, "image_size": 16, "subjects": 6}
 #: How a task's headline score (``Task.headline``) is named in the table and the plot.
 SCORE_LABELS = {"accuracy": ("acc", "accuracy"), "dice": ("Dice", "Dice")}
 
