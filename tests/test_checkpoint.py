@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -16,7 +18,11 @@ import os, sys, torch
 from fedbn_med.checkpoint import save_tensors
 path = sys.argv[1]
 # torch is loaded once, here; each writer is a process forked from this one, for each
-# attempt number read from stdin, and it saves until it is killed
+# attempt number read from stdin, and it saves until it is killed. Each line goes out in
+# one write: print() writes its pieces one by one, and a writer killed between two left
+# half a line, which the parent's next line then joined ("1" + "1 dead").
+def say(*words):
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
 for line in sys.stdin:
     attempt = line.strip()
     pid = os.fork()
@@ -27,9 +33,9 @@ for line in sys.stdin:
             big = torch.full((1_000_000,), float(i))   # 4 MB: a save takes a while
             save_tensors(path, {"bn.running_mean": big,
                                 "bn.num_batches_tracked": torch.tensor(i)}, {"round": i})
-            print(attempt, os.getpid(), i, flush=True)
+            say(attempt, os.getpid(), i)
     os.waitpid(pid, 0)
-    print(attempt, "dead", flush=True)
+    say(attempt, "dead")
 """
 
 
@@ -56,13 +62,29 @@ def test_killing_a_writer_mid_save_never_leaves_a_torn_file(tmp_path):
     forks = subprocess.Popen([sys.executable, "-c", WRITER, str(path)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert forks.stdin is not None and forks.stdout is not None
+    lines: queue.Queue[list[str]] = queue.Queue()
+
+    def read(out) -> None:  # its lines, on a thread: every wait for one is bounded
+        for text in out:
+            lines.put(text.split())
+        lines.put([])  # its end
+
+    reader = threading.Thread(target=read, args=(forks.stdout,), daemon=True)
+    reader.start()
+
+    def next_line() -> list[str]:
+        try:
+            return lines.get(timeout=60)
+        except queue.Empty:
+            raise AssertionError("the writer process said nothing for 60 s") from None
+
     writer = None  # the writer process saving now, if any
     try:
         for attempt in range(6):
             forks.stdin.write(f"{attempt}\n")
             forks.stdin.flush()
             while True:  # at least one complete save
-                got = forks.stdout.readline().split()
+                got = next_line()
                 assert got, "the writer process ended"
                 if got[0] == str(attempt):
                     break
@@ -70,7 +92,7 @@ def test_killing_a_writer_mid_save_never_leaves_a_torn_file(tmp_path):
             time.sleep(0.05 * attempt)
             os.kill(writer, signal.SIGKILL)
             # until its parent has seen it die (its own last lines may come first)
-            while (line := forks.stdout.readline().split()[:2]) != [str(attempt), "dead"]:
+            while (line := next_line()[:2]) != [str(attempt), "dead"]:
                 assert line, "the writer process ended"
             writer = None
             tensors, meta = load_tensors(path)  # raises on a torn file
@@ -79,10 +101,14 @@ def test_killing_a_writer_mid_save_never_leaves_a_torn_file(tmp_path):
             assert torch.equal(tensors["bn.running_mean"], torch.full((1_000_000,), float(i)))
     finally:
         if writer is not None:  # a failed check: the writer would save on forever
-            os.kill(writer, signal.SIGKILL)
+            try:
+                os.kill(writer, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         forks.kill()  # it forks no more writers (and its own exit would take seconds)
         forks.wait(timeout=60)
         forks.stdin.close()
+        reader.join(timeout=60)  # its pipe is at its end now
         forks.stdout.close()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name != path.name]
     # a kill mid-write can leave a temporary file, never a half-written checkpoint

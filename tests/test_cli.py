@@ -75,7 +75,7 @@ def test_the_default_store_is_named_without_importing_mlflow(tmp_path, monkeypat
             "print(default_tracking_uri()); print('mlflow' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
+                         capture_output=True, text=True, check=True, timeout=120).stdout.split()
     assert out == [f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}", "False"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
     from fedbn_med.paths import default_tracking_uri

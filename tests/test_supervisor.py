@@ -96,7 +96,7 @@ def test_follow_hands_on_every_event_written_before_the_run_ends(tmp_path):
     append_event(tmp_path / "progress.jsonl",
                  Trained(round=4, seconds=0.1, empty_polls=0, sites=["A"], missing=[]))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
-    ended.wait()
+    ended.wait(timeout=60)
     late = SubmittedRun(proc=ended, name="run-2", results_dir=tmp_path,
                         progress_from=(tmp_path / "progress.jsonl").stat().st_size,
                         submitted=time.time() + 10)

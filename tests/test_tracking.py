@@ -107,7 +107,7 @@ def test_the_runs_page_names_the_runs_experiment_without_importing_mlflow(tmp_pa
     code = ("import sys; from fedbn_med.paths import runs_page; "
             f"print(runs_page({uri!r}, {run!r})); print('mlflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+                         check=True, timeout=120).stdout.splitlines()
     assert out == [f"MLFLOW_DISABLE_TELEMETRY=true mlflow ui --port 5000 --backend-store-uri "
                    f"{uri}",
                    f"  then open http://127.0.0.1:5000/#/experiments/{experiment}/runs"
@@ -123,7 +123,7 @@ def test_the_runs_page_names_the_runs_experiment_without_importing_mlflow(tmp_pa
     code = ("from fedbn_med.paths import runs_page; "
             f"print(runs_page('sqlite:///mlflow.db', {run!r}))")
     relative = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              check=True, cwd=tmp_path).stdout
+                              check=True, cwd=tmp_path, timeout=120).stdout
     assert f"/#/experiments/{experiment}/runs" in relative
     assert runs_page("http://mlflow.example:5000/", None) == (
         "open http://mlflow.example:5000/#/experiments/0/runs?workflowType=machine_learning")
