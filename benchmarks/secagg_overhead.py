@@ -15,7 +15,10 @@ shared machine's speed drifts between runs minutes apart.
 
 A round is timed as the federation overhead benchmark does: from the start of round 1 to
 the last round's scores, over the rounds; the median of the server's own per-round times
-(its ``trained`` events, round 1 left out: the sites warm up) is printed next to it.
+(its ``trained`` events, round 1 left out: the sites warm up) is printed next to it. So is
+the SuperLink's CPU time per round over the same span (sampled every 0.2 s): every message
+moves as several HTTP requests through it (the message, then each of its objects, each
+way), and on a small model a round costs those requests rather than its arithmetic.
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 
 # isort: split
 import argparse
+import bisect
 import statistics
 import tempfile
+import threading
+import time
 from pathlib import Path
+
+import psutil
 
 from fedbn_med import run
 from fedbn_med.federation.events import Round, Trained, read_events
@@ -34,8 +42,45 @@ from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
 
+class SuperLinkCPU:
+    """Sample the CPU time of this process's SuperLink child every ``every`` seconds."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.samples: list[tuple[float, float]] = []  # (wall clock, CPU seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _sample(self, every: float) -> None:
+        me = psutil.Process()
+        link: psutil.Process | None = None
+        while not self._stop.wait(every):
+            try:
+                if link is None:
+                    link = next((p for p in me.children(recursive=True)
+                                 if "superlink" in " ".join(p.cmdline())), None)
+                if link is not None:
+                    cpu = link.cpu_times()
+                    self.samples.append((time.time(), cpu.user + cpu.system))
+            except psutil.Error:  # gone at the end of the run (or a child ended meanwhile)
+                link = None if link is not None and not link.is_running() else link
+
+    def between(self, start: float, end: float) -> float:
+        """Return the CPU seconds spent from ``start`` to ``end`` (the nearest samples)."""
+        self._stop.set()
+        self._thread.join()
+        times = [t for t, _ in self.samples]
+        if not times:
+            return float("nan")
+        first = min(bisect.bisect_left(times, start), len(times) - 1)
+        last = max(bisect.bisect_right(times, end) - 1, first)
+        return self.samples[last][1] - self.samples[first][1]
+
+
 def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
-    """Run ``spec`` over Flower; return its seconds per round (two measures)."""
+    """Run ``spec`` over Flower; return its seconds per round (two measures) and the
+    SuperLink's CPU seconds per round."""
+    cpu = SuperLinkCPU()
     run(spec, engine="flower", workdir=workdir,
         tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}", server={"secagg": secagg})
     run_dir = next(workdir.glob("run-0-*"))
@@ -46,7 +91,8 @@ def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
     later = trained[1:] or trained
     return {"rounds": (last - start) / spec.rounds,
             "median": statistics.median(e.seconds for e in later),
-            "exchanges": statistics.median(e.exchanges for e in later)}
+            "exchanges": statistics.median(e.exchanges for e in later),
+            "superlink_cpu": cpu.between(start, last) / spec.rounds}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,11 +123,11 @@ def main(argv: list[str] | None = None) -> None:
           f"({', '.join(spec.sites)}), {rounds} rounds of {spec.local_epochs} local "
           f"epoch(s) each, {args.repeat} run(s) each (medians)\n")
     print("| run | s/round (rounds phase) | median s/round (server, rounds 2+) | "
-          "exchanges per round (rounds 2+) |")
-    print("|---|---|---|---|")
+          "exchanges per round (rounds 2+) | SuperLink CPU s/round |")
+    print("|---|---|---|---|---|")
     for label, row in (("plain FedBN", plain), ("SecAgg+ FedBN", secure)):
         print(f"| {label} | {row['rounds']:.3f} | {row['median']:.3f} | "
-              f"{row['exchanges']:g} |")
+              f"{row['exchanges']:g} | {row['superlink_cpu']:.3f} |")
     pairs = list(zip(runs[False], runs[True]))  # each ratio of runs a minute apart
     ratio = statistics.median(s["rounds"] / p["rounds"] for p, s in pairs)
     median = statistics.median(s["median"] / p["median"] for p, s in pairs)

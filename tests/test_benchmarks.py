@@ -13,6 +13,7 @@ import csv
 import re
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -296,3 +297,20 @@ def test_every_script_is_listed_where_it_lives():
     for part, names in listed.items():
         here = {p.name for p in (BENCH_DIR / part).glob("*.py") if not p.name.startswith("_")}
         assert here == names, (part or "benchmarks/", here ^ names)
+
+
+def test_secagg_overhead_samples_the_superlinks_cpu_between_two_times(bench):
+    # a child process named like the SuperLink, spinning for about 1.5 s of CPU
+    code = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
+    sampler = bench("secagg_overhead").SuperLinkCPU(every=0.05)
+    start = time.time()
+    child = subprocess.Popen([sys.executable, "-c", code, "superlink"])
+    try:
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+    end = time.time()
+    spent = sampler.between(start, end)
+    # the samples stop once the child is gone: what it spent, short of its last 0.05 s
+    assert 1.0 < spent < 1.8, spent
+    assert sampler.between(end + 10, end + 20) == 0.0  # no sample after its end: nothing
