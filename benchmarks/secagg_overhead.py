@@ -27,14 +27,11 @@ import fedbn_med.numerics.pinned  # noqa: F401  (first: it fixes the numeric cod
 
 # isort: split
 import argparse
-import bisect
 import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import psutil
+from federation_overhead import CpuSampler
 
 from fedbn_med import run
 from fedbn_med.federation.events import Round, Trained, read_events
@@ -42,47 +39,12 @@ from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
 
-class SuperLinkCPU:
-    """Sample the CPU time of this process's SuperLink child every ``every`` seconds."""
-
-    def __init__(self, every: float = 0.2) -> None:
-        self.samples: list[tuple[float, float]] = []  # (wall clock, CPU seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, args=(every,), daemon=True)
-        self._thread.start()
-
-    def _sample(self, every: float) -> None:
-        me = psutil.Process()
-        link: psutil.Process | None = None
-        while not self._stop.wait(every):
-            try:
-                if link is None:
-                    link = next((p for p in me.children(recursive=True)
-                                 if "superlink" in " ".join(p.cmdline())), None)
-                if link is not None:
-                    cpu = link.cpu_times()
-                    self.samples.append((time.time(), cpu.user + cpu.system))
-            except psutil.Error:  # gone at the end of the run (or a child ended meanwhile)
-                link = None if link is not None and not link.is_running() else link
-
-    def between(self, start: float, end: float) -> float:
-        """Return the CPU seconds spent from ``start`` to ``end`` (the nearest samples)."""
-        self._stop.set()
-        self._thread.join()
-        times = [t for t, _ in self.samples]
-        if not times:
-            return float("nan")
-        first = min(bisect.bisect_left(times, start), len(times) - 1)
-        last = max(bisect.bisect_right(times, end) - 1, first)
-        return self.samples[last][1] - self.samples[first][1]
-
-
 def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
     """Run ``spec`` over Flower; return its seconds per round (two measures) and the
     SuperLink's CPU seconds per round."""
-    cpu = SuperLinkCPU()
-    run(spec, engine="flower", workdir=workdir,
-        tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}", server={"secagg": secagg})
+    with CpuSampler(every=0.2) as cpu:
+        run(spec, engine="flower", workdir=workdir,
+            tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}", server={"secagg": secagg})
     run_dir = next(workdir.glob("run-0-*"))
     events = read_events(run_dir / "progress.jsonl", strict=False)
     trained = [e for e in events if isinstance(e, Trained)]
@@ -92,7 +54,8 @@ def per_round(spec: RunSpec, workdir: Path, secagg: bool) -> dict[str, float]:
     return {"rounds": (last - start) / spec.rounds,
             "median": statistics.median(e.seconds for e in later),
             "exchanges": statistics.median(e.exchanges for e in later),
-            "superlink_cpu": cpu.between(start, last) / spec.rounds}
+            "superlink_cpu": cpu.between(start, last).get("SuperLink", float("nan"))
+            / spec.rounds}
 
 
 def main(argv: list[str] | None = None) -> None:

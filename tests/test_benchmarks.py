@@ -299,18 +299,26 @@ def test_every_script_is_listed_where_it_lives():
         assert here == names, (part or "benchmarks/", here ^ names)
 
 
-def test_secagg_overhead_samples_the_superlinks_cpu_between_two_times(bench):
-    # a child process named like the SuperLink, spinning for about 1.5 s of CPU
-    code = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass"
-    sampler = bench("secagg_overhead").SuperLinkCPU(every=0.05)
-    start = time.time()
-    child = subprocess.Popen([sys.executable, "-c", code, "superlink"])
-    try:
-        child.wait(timeout=60)
-    finally:
-        child.kill()
-    end = time.time()
-    spent = sampler.between(start, end)
-    # the samples stop once the child is gone: what it spent, short of its last 0.05 s
+def test_secagg_overhead_takes_the_superlinks_cpu_between_two_times(bench):
+    # a child named like the SuperLink, spinning for 1.5 s of CPU once told to go
+    code = ("import sys, time\nsys.stdin.readline()\nend = time.process_time() + 1.5\n"
+            "while time.process_time() < end: pass\nprint('spun', flush=True)\ntime.sleep(60)")
+    with bench("secagg_overhead").CpuSampler(every=0.05) as sampler:
+        child = subprocess.Popen([sys.executable, "-c", code, "flower-superlink"],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        try:
+            time.sleep(0.5)  # sampled before it spins
+            start = time.time()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "spun\n"
+            time.sleep(0.3)  # sampled after
+            end = time.time()
+        finally:
+            child.kill()
+            child.wait(timeout=60)
+    spent = sampler.between(start, end)["SuperLink"]
     assert 1.0 < spent < 1.8, spent
-    assert sampler.between(end + 10, end + 20) == 0.0  # no sample after its end: nothing
+    # no sample after its end: nothing of it counted there
+    assert sampler.between(end + 10, end + 20).get("SuperLink", 0.0) == 0.0
