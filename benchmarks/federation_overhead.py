@@ -108,7 +108,9 @@ class CpuSampler:
             snap: dict[int, tuple[str, float]] = {}
             for proc in me.children(recursive=True):
                 try:
-                    if proc.pid not in roles:
+                    if roles.get(proc.pid, "other") == "other":
+                        # a child seen between its fork and its exec still shows its
+                        # parent's command line: look again until it shows its own
                         roles[proc.pid] = self._role(proc.cmdline())
                     cpu = proc.cpu_times()
                     snap[proc.pid] = (roles[proc.pid], cpu.user + cpu.system)

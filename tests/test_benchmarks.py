@@ -299,6 +299,14 @@ def test_every_script_is_listed_where_it_lives():
         assert here == names, (part or "benchmarks/", here ^ names)
 
 
+def _sampled(sampler, what, after: float = 0.0, within: float = 30.0) -> None:
+    """Wait until the sampler has taken a sample, later than ``after``, that has ``what``."""
+    deadline = time.monotonic() + within
+    while not any(t > after and what(snap) for t, snap in list(sampler.samples)):
+        assert time.monotonic() < deadline, "the sampler took no such sample"
+        time.sleep(0.02)
+
+
 def test_secagg_overhead_takes_the_superlinks_cpu_between_two_times(bench):
     # a child named like the SuperLink, spinning for 1.5 s of CPU once told to go
     code = ("import sys, time\nsys.stdin.readline()\nend = time.process_time() + 1.5\n"
@@ -308,13 +316,14 @@ def test_secagg_overhead_takes_the_superlinks_cpu_between_two_times(bench):
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert child.stdin is not None and child.stdout is not None
         try:
-            time.sleep(0.5)  # sampled before it spins
-            start = time.time()
+            _sampled(sampler, lambda snap: "SuperLink" in {r for r, _ in snap.values()})
+            start = time.time()  # sampled before it spins
             child.stdin.write("go\n")
             child.stdin.flush()
             assert child.stdout.readline() == "spun\n"
-            time.sleep(0.3)  # sampled after
-            end = time.time()
+            spun = time.time()
+            _sampled(sampler, lambda snap: True, after=spun)
+            end = time.time()  # sampled after
         finally:
             child.kill()
             child.wait(timeout=60)
