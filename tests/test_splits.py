@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from fedbn_med.tasks.abide.splits import Split, nested_split, site_splits
+from fedbn_med.tasks.abide.splits import Split, nested_split, site_splits, stratified_folds
 
 LABELS = np.array([1] * 37 + [0] * 27)  # UCLA_1 after QC: 37 ASD, 27 controls
 
@@ -103,3 +106,31 @@ def test_nested_split_is_seeded_and_names_a_too_small_class() -> None:
     assert not np.array_equal(a.test, c.test)
     with pytest.raises(ValueError, match="class 0 has 4"):
         nested_split(np.array([1] * 20 + [0] * 5), inner_folds=5)
+
+
+@pytest.mark.parametrize("n_folds", [2, 3, 5, 10])
+def test_our_folds_are_scikit_learns_shuffled_stratified_folds(n_folds):
+    from sklearn.model_selection import StratifiedKFold
+
+    rng = np.random.default_rng(n_folds)
+    for trial in range(60):
+        n = int(rng.integers(3 * n_folds, 120))
+        classes = [np.array([0, 1]), np.array([1, 0]), np.array([2, 0, 7])][trial % 3]
+        y = np.concatenate([classes, rng.choice(classes, n - len(classes))])  # each class in
+        if np.unique(y, return_counts=True)[1].min() < n_folds:
+            continue
+        seed = int(rng.integers(0, 2**31 - 1))
+        ours = stratified_folds(y, n_folds, seed)
+        theirs = StratifiedKFold(n_folds, shuffle=True, random_state=seed).split(y * 0, y)
+        for k, (rest, test) in enumerate(theirs):
+            np.testing.assert_array_equal(np.flatnonzero(ours == k), test)
+            np.testing.assert_array_equal(np.flatnonzero(ours != k), rest)
+
+
+def test_a_split_imports_no_scikit_learn():
+    code = ("import sys; from fedbn_med.tasks.abide.splits import site_splits\n"
+            "site_splits([0, 1] * 20, fold=2, seed=3)\n"
+            "assert 'sklearn' not in sys.modules, 'scikit-learn was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
