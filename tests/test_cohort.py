@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -140,6 +142,19 @@ def test_ensure_cohort_keys_directories(tmp_path: Path) -> None:
     assert root == tmp_path / "builtin" / cohort_key(**TINY)
     assert (_pcp(root) / PHENOTYPIC_FILENAME).is_file()
     assert ensure_cohort(tmp_path, **{**TINY, "site_effect": 0.0}) != root
+
+
+def test_finding_the_cohort_on_disk_imports_no_signal_processing(tmp_path: Path) -> None:
+    # a site or the main job only finds the cohort made earlier: scipy.signal (about a
+    # second to import, for the generator's AR(1) filter) stays out of that process
+    root = ensure_cohort(tmp_path, **TINY)
+    code = ("import sys; from fedbn_med.tasks.abide.cohort import ensure_cohort\n"
+            f"root = ensure_cohort({str(tmp_path)!r}, **{TINY!r})\n"
+            f"assert str(root) == {str(root)!r}, root\n"
+            "assert 'scipy.signal' not in sys.modules, 'scipy.signal was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,6 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from fedbn_med.tasks.abide.cohort.figures import (
     REFERENCE_DVARS,
@@ -246,6 +245,10 @@ def _build_scanner(template: _Template, figures: SiteFigures, seed: int,
 
 def _ar1(rng: np.random.Generator, n_volumes: int, n_columns: int, phi: float) -> np.ndarray:
     """Draw unit-variance AR(1) series, columns independent, after a burn-in."""
+    # imported here: scipy.signal costs about a second to import, and every process that
+    # only finds the cohort on disk (a site, the main job) imports this module
+    from scipy.signal import lfilter
+
     burn = 30
     white = rng.standard_normal((n_volumes + burn, n_columns))
     series = lfilter([math.sqrt(1.0 - phi**2)], [1.0, -phi], white, axis=0)
