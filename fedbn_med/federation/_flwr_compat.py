@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 
@@ -110,12 +110,33 @@ try:  # every internal in one place: a missing one names itself here, at import
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
     from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
     from flwr.supercore.run import RunNotRunningException
-    from flwr.superlink.grid import HttpGrid
     from flwr.supernode.fleet_http_client import FleetHttpClient
     from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 except ImportError as err:  # pragma: no cover - only with another flwr
     raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
                       f"fedbn-med relies on ({err}); {__name__} needs updating for it.") from err
+
+if TYPE_CHECKING:
+    from flwr.superlink.grid import HttpGrid
+
+
+def __getattr__(name: str) -> Any:
+    """Import the server's ``HttpGrid`` on first use (``from ... import HttpGrid``).
+
+    Its package loads the SuperLink's in-memory state with it (about half a second of
+    imports), which a site's process never needs.
+    """
+    if name != "HttpGrid":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from flwr.superlink.grid import HttpGrid
+    except ImportError as err:  # pragma: no cover - only with another flwr
+        raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
+                          f"fedbn-med relies on ({err}); {__name__} needs updating for it."
+                          ) from err
+    globals()["HttpGrid"] = HttpGrid
+    return HttpGrid
+
 
 RunNotRunning = RunNotRunningException
 """Raised by a Fleet call for a run that has ended (HTTP 403)."""
