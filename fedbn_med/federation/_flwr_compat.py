@@ -6,18 +6,17 @@ our own, nor pull messages with a shorter back-off and bounds of our own (see
 :mod:`fedbn_med.federation.node` and :class:`fedbn_med.federation.server_app.FastGrid`),
 so this module imports flwr internals, and only this module does:
 
-- :class:`FleetSession`: our own connection of a site node to the SuperLink's Fleet API,
-  built from flwr's ``FleetHttpClient``, its request interceptors (runtime version, node
-  authentication), ``RetryInvoker``, ``HeartbeatSender``, the protobuf messages and serde
-  functions, and the object (de)inflation helpers. It never ends the process, never
-  signals it, and tells a forgotten node (HTTP 401) by a flag of its own.
+- :class:`FleetSession`: a site node's own connection to the SuperLink's Fleet API, from
+  flwr's ``FleetHttpClient``, interceptors, retries, heartbeat, protobuf messages and
+  (de)inflation helpers. It never ends or signals the process, and tells a forgotten
+  node (HTTP 401) by a flag of its own.
 - :func:`pull_available`, which both sides pull a message's contents with; the server's
-  side, :mod:`._flwr_replies`, uses the internals imported here and nowhere else.
+  side, :mod:`._flwr_replies`, uses the internals imported here (``HttpGrid`` on first
+  use) and nowhere else.
 - :func:`fused_run_config`, :data:`CLIENT_APP_RAISED`, :data:`RunNotRunning`,
   :func:`set_message_id`. The installed flwr must be :data:`FLWR_VERSION`;
   ``tests/test_flwr_compat.py`` checks every internal named here and says what changed.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import httpx
 
@@ -41,12 +40,11 @@ from fedbn_med.federation.fab import check_fab
 
 __all__ = [
     "CLIENT_APP_RAISED", "FLWR_VERSION", "MESSAGE_REFUSED", "ContentsRefused", "ContentsTooLarge",
-    "FleetSession",
-    "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config", "pull_available",
-    "set_message_id",
+    "FleetSession", "MessageRefused", "NodeForgotten", "RunNotRunning", "fused_run_config",
+    "pull_available", "set_message_id",
     # flwr internals passed on to the server's side of the door, _flwr_replies
     "FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE", "SYSTEM_MESSAGE_TYPE", "ConfirmMessageReceivedRequest",
-    "Error", "ErrorCode", "HttpGrid", "Message", "Metadata", "ObjectPullError",
+    "Error", "ErrorCode", "Message", "Metadata", "ObjectPullError",  # and HttpGrid, on use
     "PullAppMessagesRequest", "inflate_object_from_contents", "iterate_object_tree",
     "make_message", "make_pull_object_fn_protobuf",
 ]
@@ -116,44 +114,27 @@ except ImportError as err:  # pragma: no cover - only with another flwr
     raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
                       f"fedbn-med relies on ({err}); {__name__} needs updating for it.") from err
 
-if TYPE_CHECKING:
-    from flwr.superlink.grid import HttpGrid
-
-
 def __getattr__(name: str) -> Any:
-    """Import the server's ``HttpGrid`` on first use (``from ... import HttpGrid``).
-
-    Its package loads the SuperLink's in-memory state with it (about half a second of
-    imports), which a site's process never needs.
-    """
+    """Import ``HttpGrid`` on first use: with it loads the SuperLink's state, never a site's."""
     if name != "HttpGrid":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        from flwr.superlink.grid import HttpGrid
-    except ImportError as err:  # pragma: no cover - only with another flwr
-        raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
-                          f"fedbn-med relies on ({err}); {__name__} needs updating for it."
-                          ) from err
+    from flwr.superlink.grid import HttpGrid  # resolved by tests/test_flwr_compat.py
     globals()["HttpGrid"] = HttpGrid
     return HttpGrid
 
 
+# Raised by a Fleet call for a run that has ended (HTTP 403); the error codes of a reply
+# whose ClientApp raised, and of a site's reply to a message it would not read.
 RunNotRunning = RunNotRunningException
-"""Raised by a Fleet call for a run that has ended (HTTP 403)."""
-
 CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
-"""Error code of a reply whose ClientApp raised."""
-
 MESSAGE_REFUSED: int = ErrorCode.MESSAGE_UNAVAILABLE
-"""Error code of a site's reply to a message it would not read (:class:`MessageRefused`)."""
 
-# Transient failures that a call retries until its deadline (the same set flwr retries).
+# Transient failures a call retries until its deadline (the set flwr retries).
 _RETRY_STATUS = frozenset({502, 503, 504})
 _RETRY_ERRORS: tuple[type[Exception], ...] = (
     httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError,
     httpx.ConnectTimeout, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout,
-    httpx.HTTPStatusError,
-)
+    httpx.HTTPStatusError)
 
 
 class MessageRefused(Exception):
@@ -210,10 +191,10 @@ def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
 class FleetSession:
     """One registration of this site node with a SuperLink, over the Fleet API.
 
-    What ``flower-supernode`` does through ``http_request_response``, but with our own
-    objects: its retry policy never signals or ends the process, a 401 (a restarted
-    SuperLink that forgot this node) raises :class:`NodeForgotten` in the next call,
-    and a connection that cannot be made raises ``ConnectionError``.
+    What ``flower-supernode`` does through ``http_request_response``, with our own
+    objects: its retries never signal or end the process, a 401 (a restarted SuperLink
+    that forgot this node) raises :class:`NodeForgotten` in the next call, and a
+    connection that cannot be made ``ConnectionError``.
 
     Parameters
     ----------
@@ -224,16 +205,14 @@ class FleetSession:
     root_certificates : bytes, optional
         PEM of the CA the server's certificate must chain to.
     authentication_keys : tuple, optional
-        The site's private and public EC key (SuperNode authentication); without them
-        the node registers itself with a fresh key pair.
+        The site's private and public EC key; without them it registers a fresh pair.
     max_wait_time : float, optional
         How long each call keeps retrying transient failures (None: forever).
     """
 
     def __init__(self, server_address: str, *, insecure: bool,
-                 root_certificates: bytes | None = None,
-                 authentication_keys: tuple[Any, Any] | None = None,
-                 max_wait_time: float | None = None) -> None:
+                 root_certificates: bytes | None = None, authentication_keys: tuple[Any, Any]
+                 | None = None, max_wait_time: float | None = None) -> None:
         self.self_registered = authentication_keys is None
         private_key, public_key = authentication_keys or generate_key_pairs()
         self._public_key = public_key_to_bytes(public_key)
