@@ -17,6 +17,7 @@ so this module imports flwr internals, and only this module does:
   :func:`set_message_id`. The installed flwr must be :data:`FLWR_VERSION`;
   ``tests/test_flwr_compat.py`` checks every internal named here and says what changed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -114,8 +115,9 @@ except ImportError as err:  # pragma: no cover - only with another flwr
     raise ImportError(f"flwr {importlib.metadata.version('flwr')} lacks an internal that "
                       f"fedbn-med relies on ({err}); {__name__} needs updating for it.") from err
 
+
 def __getattr__(name: str) -> Any:
-    """Import ``HttpGrid`` on first use: with it loads the SuperLink's state, never a site's."""
+    """Import ``HttpGrid`` on first use: its package loads SuperLink state no site needs."""
     if name != "HttpGrid":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from flwr.superlink.grid import HttpGrid  # resolved by tests/test_flwr_compat.py
@@ -123,8 +125,7 @@ def __getattr__(name: str) -> Any:
     return HttpGrid
 
 
-# Raised by a Fleet call for a run that has ended (HTTP 403); the error codes of a reply
-# whose ClientApp raised, and of a site's reply to a message it would not read.
+# A Fleet call's error for an ended run (HTTP 403); a reply's codes: app raised, refused.
 RunNotRunning = RunNotRunningException
 CLIENT_APP_RAISED: int = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
 MESSAGE_REFUSED: int = ErrorCode.MESSAGE_UNAVAILABLE
@@ -147,8 +148,7 @@ def pull_available(pull: Callable[[str], bytes], object_ids: list[str],
 
     :data:`MAX_PULLS` at a time, raising :class:`ContentsTooLarge` after any few that
     take ``contents`` past ``max_bytes``; one not uploaded yet waits for a later call.
-    The server pulls a site's reply so (:mod:`._flwr_replies`), a site the server's
-    message (:meth:`FleetSession.pull_message`).
+    Both sides pull so (:mod:`._flwr_replies`, :meth:`FleetSession.pull_message`).
     """
     def fetch(object_id: str) -> bytes | None:
         try:
@@ -181,8 +181,8 @@ def set_message_id(message: Message, object_id: str) -> None:
 def fused_run_config(fab_content: bytes, run: Any) -> dict[str, Any]:
     """Return the run config of ``run``: the app's defaults with the run's overrides.
 
-    The FAB is checked first (:func:`fedbn_med.federation.fab.check_fab`): an archive
-    that would inflate beyond the site's bounds is refused before any of it is read.
+    The FAB is checked first (:func:`~fedbn_med.federation.fab.check_fab`): one that
+    would inflate beyond the site's bounds is refused unread.
     """
     check_fab(fab_content)
     return dict(get_fused_config_from_fab(fab_content, run))
@@ -211,8 +211,9 @@ class FleetSession:
     """
 
     def __init__(self, server_address: str, *, insecure: bool,
-                 root_certificates: bytes | None = None, authentication_keys: tuple[Any, Any]
-                 | None = None, max_wait_time: float | None = None) -> None:
+                 root_certificates: bytes | None = None,
+                 authentication_keys: tuple[Any, Any] | None = None,
+                 max_wait_time: float | None = None) -> None:
         self.self_registered = authentication_keys is None
         private_key, public_key = authentication_keys or generate_key_pairs()
         self._public_key = public_key_to_bytes(public_key)
@@ -342,10 +343,9 @@ class FleetSession:
                      timeout: float) -> Message:
         """Download a received message's contents, bounded; return the whole message.
 
-        Raises :class:`MessageRefused`, saying why (the node replies so and serves on),
-        for a tree of more than ``max_objects`` objects before a byte is pulled, contents
-        over ``max_bytes`` as soon as they are, and contents not all in within
-        ``timeout`` seconds (flwr's own pull waits ~100 s, then ends the node).
+        Raises :class:`MessageRefused` saying why (the node replies so and serves on): a
+        tree of over ``max_objects`` objects before a byte is pulled, contents over
+        ``max_bytes`` as soon as they are, or not all in within ``timeout`` seconds.
         """
         node = self._registered()
         try:
