@@ -9,13 +9,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
-import subprocess
-import sys
 import time
 
 import pytest
 
 from fedbn_med.federation import _flwr_compat as compat
+from tests.fresh import modules_after
 
 DOOR = "fedbn_med/federation/_flwr_compat.py"
 
@@ -251,12 +250,8 @@ def test_reply_bounds_cover_a_scaffold_reply_and_no_more():
 def test_a_site_process_loads_none_of_the_superlinks_state():
     # the server's HttpGrid comes through the door on first use: its package loads the
     # SuperLink's in-memory state, which a site's process never needs
-    code = ("import sys; import fedbn_med.federation.node\n"
-            "loaded = sorted(m for m in sys.modules if m.startswith('flwr.superlink.grid')"
-            " or 'linkstate' in m)\n"
-            "assert not loaded, loaded\n"
-            "from fedbn_med.federation._flwr_compat import HttpGrid\n"
-            "assert HttpGrid.__module__.startswith('flwr.superlink.grid'), HttpGrid")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert modules_after("import fedbn_med.federation.node", [
+        "flwr.superlink.grid", "flwr.server.superlink.linkstate"]) == []
+    from fedbn_med.federation._flwr_compat import HttpGrid
+
+    assert HttpGrid.__module__.startswith("flwr.superlink.grid"), HttpGrid

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from fedbn_med.cli import build_parser
 from fedbn_med.cli.parser import spec_from_args
 from fedbn_med.federation.config import NodeSettings, ServerSettings, read_run_config, run_config
 from fedbn_med.spec import RUN_CONFIG_KEY, RunSpec
+from tests.fresh import modules_after
 
 
 @pytest.mark.parametrize("task", ["abide", "mri", "xray"])
@@ -90,16 +89,6 @@ def test_node_settings_round_trip(tmp_path):
 HEAVY = ("torch", "monai", "flwr", "mlflow", "opacus")
 
 
-def _heavy_modules_after(code: str) -> list[str]:
-    """Run ``code`` in a fresh interpreter; return the heavy modules it left imported."""
-    report = ("import json, sys\n"
-              f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", f"{code}\n{report}"], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("code", [
     "import fedbn_med.spec",
     "import fedbn_med.cli.argtypes",
@@ -108,8 +97,8 @@ def _heavy_modules_after(code: str) -> list[str]:
     "    RunSpec.for_task(task, strategy='fedprox').label",
 ])
 def test_the_spec_and_the_argument_types_import_no_torch(code):
-    assert _heavy_modules_after(code) == []
+    assert modules_after(code, HEAVY) == []
 
 
 def test_the_lightness_check_sees_torch_when_it_is_imported():
-    assert _heavy_modules_after("import fedbn_med.spec\nimport torch") == ["torch"]
+    assert modules_after("import fedbn_med.spec\nimport torch", HEAVY) == ["torch"]
