@@ -5,12 +5,17 @@ and every process it starts, takes one thread for BLAS, OpenMP and torch unless 
 says otherwise: two threads per worker only wait on each other while both workers are
 busy (an eigendecomposition of the nested sweep took 8-24 ms on two threads against 1 ms
 on one). The pinned numerics give the same numbers on any count (tests/test_determinism.py
-runs 1 against 2 threads). A variable already set, in CI or by a user, is kept.
+runs 1 against 2 threads). For the same reason an in-process run's sites, and a
+comparison's cells, take turns on one core (``FEDBN_MED_CORES=1``): on two threads while
+the other worker trained as well, a site's training took 40 % more CPU time (the GIL).
+A test that is about sites at once says so itself. A variable already set, in CI or by a
+user, is kept.
 """
 
 from __future__ import annotations
 
 import os
 
-for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+              "FEDBN_MED_CORES"):
     os.environ.setdefault(_name, "1")

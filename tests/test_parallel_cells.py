@@ -9,6 +9,7 @@ import pytest
 
 from fedbn_med.evaluation.parallel import default_workers, run_cells
 from fedbn_med.spec import RunSpec
+from fedbn_med.training.data import CORES_ENV_VAR, usable_cores
 
 
 def test_cells_in_two_processes_give_the_same_numbers(small_cohort: Path,
@@ -38,3 +39,18 @@ def test_default_workers_are_the_cores_and_at_most_the_cells() -> None:
     assert default_workers([]) == 1
     many = [RunSpec.for_task("abide", fold=f) for f in range(5)]
     assert 1 <= default_workers(many) <= 5
+
+
+def test_fedbn_med_cores_caps_the_cores_and_a_bad_value_is_named(monkeypatch) -> None:
+    many = [RunSpec.for_task("abide", fold=f) for f in range(5)]
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0, 1, 2, 3})
+    monkeypatch.delenv(CORES_ENV_VAR, raising=False)
+    assert usable_cores() == 4 and default_workers(many) == 4
+    monkeypatch.setenv(CORES_ENV_VAR, "2")
+    assert usable_cores() == 2 and default_workers(many) == 2
+    monkeypatch.setenv(CORES_ENV_VAR, "16")  # never more than the process may run on
+    assert usable_cores() == 4
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv(CORES_ENV_VAR, bad)
+        with pytest.raises(ValueError, match=rf"FEDBN_MED_CORES='{bad}': expected a positive"):
+            usable_cores()

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
 from torch import nn
 
-import fedbn_med.training.inprocess as inprocess
 from fedbn_med.fl.strategies import FedBN, FedProx
 from fedbn_med.tasks.abide.model import AbideLinear, AbideMLP
+from fedbn_med.training.data import CORES_ENV_VAR
 from fedbn_med.training.inprocess import run_in_process
 from fedbn_med.training.rng import dropout_only, seed_round
 from fedbn_med.training.trainer import SiteData, SiteTrainer
@@ -72,7 +73,8 @@ def _site_data(seed: int, n: int = 70, d: int = 12) -> SiteData:
 
 
 def _run(strategy, cores: int, monkeypatch) -> tuple[list, dict]:
-    monkeypatch.setattr(inprocess.os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.delenv(CORES_ENV_VAR, raising=False)  # the suite caps it (tests/one_thread)
     trainers = {}
     for i, site in enumerate("ABC"):
         torch.manual_seed(0)

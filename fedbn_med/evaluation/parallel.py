@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from itertools import groupby
@@ -33,13 +32,14 @@ T = TypeVar("T")
 def default_workers(specs: Sequence[RunSpec]) -> int:
     """Return how many processes a comparison of ``specs`` uses by default.
 
-    As many as the machine's cores hold runs of the specs' thread count, and no more
-    than there are (fold, seed) cells.
+    As many as the usable cores (:func:`~fedbn_med.training.data.usable_cores`) hold
+    runs of the specs' thread count, and no more than there are (fold, seed) cells.
     """
     if not specs:
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
+    from fedbn_med.training.data import usable_cores
+
+    cores = usable_cores()
     threads = max(s.threads or 1 for s in specs)
     cells = len({(s.fold, s.seed) for s in specs})
     return max(1, min(cores // threads, cells))
