@@ -69,6 +69,15 @@ def test_sites_dir_points_every_process_at_a_folder_of_ones_own(tmp_path, monkey
     assert os.environ["FEDBN_MED_SITES"] == str(tmp_path)
 
 
+def test_a_bad_core_count_is_refused_before_any_data_are_prepared(tmp_path, monkeypatch,
+                                                                  capsys):
+    monkeypatch.setenv("FEDBN_MED_CORES", "0")
+    monkeypatch.setenv("FEDBN_MED_DATA", str(tmp_path / "data"))
+    assert main(["--engine", "inprocess", "--rounds", "1"]) == 2
+    assert "FEDBN_MED_CORES='0': expected a positive whole number" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # no built-in cohort was made for a doomed run
+
+
 def test_the_default_store_is_named_without_importing_mlflow(tmp_path, monkeypatch):
     # the CLI names the store on its main thread; MLflow loads on the tracking thread
     code = ("import sys; from fedbn_med.paths import default_tracking_uri; "

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from fedbn_med.evaluation.parallel import default_workers, run_cells
+from fedbn_med.numerics.cores import CORES_ENV_VAR, usable_cores
 from fedbn_med.spec import RunSpec
-from fedbn_med.training.data import CORES_ENV_VAR, usable_cores
 
 
 def test_cells_in_two_processes_give_the_same_numbers(small_cohort: Path,

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from fedbn_med.fl.strategies import FedBN, FedProx
+from fedbn_med.numerics.cores import CORES_ENV_VAR
 from fedbn_med.tasks.abide.model import AbideLinear, AbideMLP
-from fedbn_med.training.data import CORES_ENV_VAR
 from fedbn_med.training.inprocess import run_in_process
 from fedbn_med.training.rng import dropout_only, seed_round
 from fedbn_med.training.trainer import SiteData, SiteTrainer

@@ -43,6 +43,7 @@ from fedbn_med.cli.parser import (
 )
 from fedbn_med.cli.results import print_results
 from fedbn_med.federation.telemetry import telemetry_off
+from fedbn_med.numerics.cores import usable_cores
 from fedbn_med.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     except ValueError:  # not the main thread: the caller handles signals
         previous = None
     try:
+        _check_environment()
         return _dispatch(args)
     except KeyboardInterrupt:
         print("\ninterrupted: every process this command started has been stopped",
@@ -92,6 +94,11 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _check_environment() -> None:
+    """Refuse a bad ``FEDBN_MED_CORES`` before any data are prepared, not once training starts."""
+    usable_cores()
 
 
 def _interrupt(signum: int, frame: object) -> None:

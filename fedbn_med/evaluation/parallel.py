@@ -18,6 +18,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fedbn_med.numerics.cores import usable_cores
+
 if TYPE_CHECKING:
     from fedbn_med.api.result import FederationResult
     from fedbn_med.spec import RunSpec
@@ -32,13 +34,11 @@ T = TypeVar("T")
 def default_workers(specs: Sequence[RunSpec]) -> int:
     """Return how many processes a comparison of ``specs`` uses by default.
 
-    As many as the usable cores (:func:`~fedbn_med.training.data.usable_cores`) hold
+    As many as the usable cores (:func:`~fedbn_med.numerics.cores.usable_cores`) hold
     runs of the specs' thread count, and no more than there are (fold, seed) cells.
     """
     if not specs:
         return 1
-    from fedbn_med.training.data import usable_cores
-
     cores = usable_cores()
     threads = max(s.threads or 1 for s in specs)
     cells = len({(s.fold, s.seed) for s in specs})

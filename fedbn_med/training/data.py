@@ -1,4 +1,4 @@
-"""A site's data as tensors, the device and cores it computes on, the seeds derived per round.
+"""A site's data as tensors, the device it computes on, and the seeds derived per round.
 
 :func:`derive_seed` lives in :mod:`fedbn_med.numerics.seeds` (the federated core uses it
 too) and is re-exported here.
@@ -6,19 +6,13 @@ too) and is re-exported here.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from fedbn_med.numerics.seeds import derive_seed
 
-__all__ = ["CORES_ENV_VAR", "SiteData", "derive_seed", "resolve_device", "usable_cores"]
-
-#: Caps the cores that in-process runs and comparisons use at once (default: all this
-#: process may run on). For a machine shared with other work, or test processes side by
-#: side: sites and cells then wait their turn instead of contending for the same cores.
-CORES_ENV_VAR = "FEDBN_MED_CORES"
+__all__ = ["SiteData", "derive_seed", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
@@ -34,25 +28,6 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"Device '{device}' was requested but this machine has no CUDA GPU.")
     return resolved
-
-
-def usable_cores() -> int:
-    """Return the cores this process may run on, capped by ``FEDBN_MED_CORES`` if set.
-
-    Raises
-    ------
-    ValueError
-        If ``FEDBN_MED_CORES`` is set to anything but a positive integer.
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-    text = os.environ.get(CORES_ENV_VAR, "").strip()
-    if not text:
-        return cores
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{CORES_ENV_VAR}={text!r}: expected a positive whole number of "
-                         "cores (or leave it unset to use every core).")
-    return min(cores, int(text))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from fedbn_med.fl.release import bounded, bounded_fit
 from fedbn_med.fl.rounds import Reply, close_round, plan_round
 from fedbn_med.fl.scaffold import zero_controls
 from fedbn_med.fl.strategies import Strategy
-from fedbn_med.training.data import usable_cores
+from fedbn_med.numerics.cores import usable_cores
 from fedbn_med.training.rng import dropout_only
 from fedbn_med.training.trainer import SiteTrainer
 
@@ -258,7 +258,7 @@ def _site_workers(trainers: Mapping[str, SiteTrainer]
     own) and no round hook (DP noise, proximal term, control variates) takes part.
     A worker process (:mod:`multiprocessing`: a comparison's cells, a benchmark's sweep)
     shares the cores with its siblings, one each: its sites run one after the other.
-    ``FEDBN_MED_CORES`` caps the cores (:func:`~fedbn_med.training.data.usable_cores`).
+    ``FEDBN_MED_CORES`` caps the cores (:func:`~fedbn_med.numerics.cores.usable_cores`).
     """
     cores = usable_cores()
     if multiprocessing.parent_process() is not None:
