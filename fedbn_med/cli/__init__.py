@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     except ValueError:  # not the main thread: the caller handles signals
         previous = None
     try:
-        _check_environment()
+        usable_cores()  # a bad FEDBN_MED_CORES is refused before any data are prepared
         return _dispatch(args)
     except KeyboardInterrupt:
         print("\ninterrupted: every process this command started has been stopped",
@@ -94,11 +94,6 @@ def main(argv: Sequence[str] | None = None, task: str = "abide") -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _check_environment() -> None:
-    """Refuse a bad ``FEDBN_MED_CORES`` before any data are prepared, not once training starts."""
-    usable_cores()
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 import time
 import uuid
@@ -25,6 +24,7 @@ from fedbn_med.federation.kept_rounds import round_file
 from fedbn_med.federation.launcher import LocalFederation, TlsFiles, site_devices
 from fedbn_med.federation.names import is_loopback
 from fedbn_med.federation.site_console import SiteConsole
+from fedbn_med.numerics.cores import usable_cores
 from fedbn_med.spec import RunSpec
 from fedbn_med.tasks import get_task
 
@@ -142,7 +142,7 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
         task.prepare(first)
         say(f"  data ready in {time.monotonic() - begun:.0f} s")
     results = []
-    threads = max(1, (os.cpu_count() or 1) // max(1, len(sites)))
+    threads = max(1, usable_cores() // max(1, len(sites)))  # each site's share
     # Every site is ours, on this host: the command line that chose a strategy which
     # sends the private layers (FedAvg, FedProx) is every site's policy too.
     share_private = any(c.strategy_obj().exchanges and not c.strategy_obj().keeps_private

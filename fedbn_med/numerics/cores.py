@@ -2,7 +2,8 @@
 
 An in-process run trains and scores its sites on threads, one per core, where that gives
 the same numbers as one site after the other; a comparison runs its (fold, seed) cells in
-one process per core. Both take the cores this process may run on, capped by
+one process per core; a Flower run on this host gives each site its share of the cores
+for its libraries' threads. All take the cores this process may run on, capped by
 ``FEDBN_MED_CORES`` when it is set: for a machine shared with other work, or test
 processes side by side, whose sites and cells then take turns instead of contending for
 the same cores. Torch's own threads per site are a run setting (``RunSpec.threads``).
