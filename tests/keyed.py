@@ -134,7 +134,7 @@ def run_federation(c: Consortium, name: str, spec: RunSpec, timeout: float = 300
     run = c.fed.submit(run_config(spec, settings), results_dir=workdir)
     try:
         results = c.fed.watch(run, on_event=events.append, timeout=timeout,
-                              results_dir=workdir)
+                              results_dir=workdir, until_done=True)
     except FederationError as err:
         results = {"error": str(err)}
     logger.warning("federation %s ended after %.1f s", name,

@@ -62,7 +62,8 @@ def _submit(fed, config, tmp_path, **server):
         "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
     events: list[Event] = []
-    return fed.watch(run, on_event=events.append, timeout=300, results_dir=tmp_path), events
+    return fed.watch(run, on_event=events.append, timeout=300, results_dir=tmp_path,
+                     until_done=True), events
 
 
 def test_flower_run_matches_in_process_driver_and_is_tracked(federation, small_cohort, tmp_path):

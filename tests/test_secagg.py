@@ -161,7 +161,8 @@ def _submit(fed, config, tmp_path, **server):
         "federation_id": tmp_path.name, "wait_timeout": 60.0, **server}))
     run = fed.submit(rc, results_dir=tmp_path)
     events: list[Event] = []
-    return fed.watch(run, on_event=events.append, timeout=240, results_dir=tmp_path), events
+    return fed.watch(run, on_event=events.append, timeout=240, results_dir=tmp_path,
+                     until_done=True), events
 
 
 @pytest.mark.integration

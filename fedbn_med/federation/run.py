@@ -180,9 +180,11 @@ def run_flower(configs: Iterable[RunSpec], options: FlowerOptions) -> list[dict]
                     fed.wait_sites_ready(sites, timeout=options.server.wait_timeout)
                     logger.info("SuperLink and %d sites up in %.1f s", len(sites),
                                 time.monotonic() - started)
-                # the last run ends at the server's Done: the federation is stopped next
+                # a run ends at the server's Done (its results, checkpoint, MLflow runs and
+                # every site's last answer written): the next one may start while Flower
+                # winds the last ServerApp down (1-2 s), and the last one is stopped next
                 values = fed.watch(run, on_event=progress, results_dir=run_dir,
-                                   until_done=i == len(configs) - 1)
+                                   until_done=True)
                 chosen = int(values.get("selected_round", 0))
                 kept = {site: round_file(NodeSettings(site=site, state_dir=fed.site_states)
                                          .state_path(settings.federation_id), chosen)
