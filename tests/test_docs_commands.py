@@ -73,6 +73,19 @@ def _run_env(tmp: Path) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "COLUMNS": "100"}
 
 
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One user's folder for the README's commands, as a user runs them one after another.
+
+    ``pipelines/`` is the checkout's; the built-in data (``FEDBN_MED_DATA``) and the MLflow
+    store are the folder's own, so the first command that needs the data generates it and
+    the next ones find it, as on a user's machine.
+    """
+    folder = tmp_path_factory.mktemp("readme_user")
+    (folder / "pipelines").symlink_to(ROOT / "pipelines")
+    return folder
+
+
 def test_every_docs_command_is_known_and_parses() -> None:
     seen = 0
     for page in PAGES:
@@ -111,9 +124,9 @@ def _readme(prefix: str) -> list[str]:
 
 
 @pytest.mark.integration
-def test_the_readme_hospital_rehearsal_runs_as_written(tmp_path: Path) -> None:
+def test_the_readme_hospital_rehearsal_runs_as_written(home: Path) -> None:
     """Keys, a server, two sites and onboarding: the README's own commands, in order."""
-    (tmp_path / "pipelines").symlink_to(ROOT / "pipelines")
+    tmp_path = home
     env = _run_env(tmp_path)
     keys = _readme("python pipelines/consortium_keys.py")[0]
     done = subprocess.run(_argv(keys), cwd=tmp_path, env=env, capture_output=True,
@@ -168,11 +181,10 @@ def test_the_readme_hospital_rehearsal_runs_as_written(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_the_readme_main_job_runs_as_written(tmp_path: Path) -> None:
+def test_the_readme_main_job_runs_as_written(home: Path) -> None:
     command = next(c for c in _readme("python pipelines/abide_fedbn.py") if c ==
                    "python pipelines/abide_fedbn.py")
-    (tmp_path / "pipelines").symlink_to(ROOT / "pipelines")
-    done = subprocess.run(_argv(command), cwd=tmp_path, env=_run_env(tmp_path),
+    done = subprocess.run(_argv(command), cwd=home, env=_run_env(home),
                           capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Preparing the data of NYU, UM, USM, UCLA" in done.stdout
