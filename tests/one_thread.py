@@ -1,8 +1,8 @@
 """Import first (tests/conftest.py): one thread per test process for BLAS, OpenMP and torch.
 
-The suite runs on two workers (pyproject.toml). On a 2-core machine each test process,
+The suite runs on three workers (pyproject.toml). On a 2-core machine each test process,
 and every process it starts, takes one thread for BLAS, OpenMP and torch unless a test
-says otherwise: two threads per worker only wait on each other while both workers are
+says otherwise: two threads per worker only wait on each other while the workers are
 busy (an eigendecomposition of the nested sweep took 8-24 ms on two threads against 1 ms
 on one). The pinned numerics give the same numbers on any count (tests/test_determinism.py
 runs 1 against 2 threads). For the same reason an in-process run's sites, and a

@@ -312,7 +312,8 @@ class LocalFederation:
         server reported :class:`~fedbn_med.federation.events.Done`. ``results_dir``, when
         given, must be the one the run was submitted with. ``until_done``: the run has
         ended once the server reported ``Done``, for a caller that stops the federation
-        next (see :func:`~fedbn_med.federation.launcher.progress.follow`).
+        or submits its next run next (see
+        :func:`~fedbn_med.federation.launcher.progress.follow`).
         """
         if results_dir is not None and Path(results_dir).resolve() != run.results_dir.resolve():
             raise ValueError(f"Run {run.name} writes to {run.results_dir}, not {results_dir}.")

@@ -123,7 +123,8 @@ def follow(run: SubmittedRun, *, on_event: Callable[[Event], None] | None = None
     as soon as the server reported :class:`~fedbn_med.federation.events.Done`, after its
     results, its checkpoint and its MLflow runs were written and every site had answered
     its last message: ``flwr run`` notices 1 to 2 s later (the ServerApp's exit, then
-    Flower's log stream, polled every 0.5 s). For a caller that stops the federation next.
+    Flower's log stream, polled every 0.5 s). For a caller that stops the federation next,
+    or submits its next run (the SuperLink starts it while Flower winds this one down).
 
     Raises
     ------
