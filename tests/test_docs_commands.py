@@ -126,42 +126,41 @@ def _readme(prefix: str) -> list[str]:
 @pytest.mark.integration
 def test_the_readme_hospital_rehearsal_runs_as_written(home: Path) -> None:
     """Keys, a server, two sites and onboarding: the README's own commands, in order."""
-    tmp_path = home
-    env = _run_env(tmp_path)
+    env = _run_env(home)
     keys = _readme("python pipelines/consortium_keys.py")[0]
-    done = subprocess.run(_argv(keys), cwd=tmp_path, env=env, capture_output=True,
+    done = subprocess.run(_argv(keys), cwd=home, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "keys" / ".gitignore").is_file()
+    assert (home / "keys" / ".gitignore").is_file()
 
     server_cmd = next(c for c in _readme("python pipelines/abide_fedbn.py --serve"))
     site_cmds = _readme("python pipelines/abide_fedbn.py --site")
     assert len(site_cmds) == 2
-    logs = {name: open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+    logs = {name: open(home / f"{name}.log", "wb")  # noqa: SIM115 - closed below
             for name in ("server", "site0", "site1")}
-    server = subprocess.Popen(_argv(server_cmd), cwd=tmp_path, env=env,
+    server = subprocess.Popen(_argv(server_cmd), cwd=home, env=env,
                               stdout=logs["server"], stderr=subprocess.STDOUT,
                               start_new_session=True)
-    sites = [subprocess.Popen(_argv(cmd), cwd=tmp_path, env=env,
+    sites = [subprocess.Popen(_argv(cmd), cwd=home, env=env,
                               stdout=logs[f"site{i}"], stderr=subprocess.STDOUT,
                               start_new_session=True) for i, cmd in enumerate(site_cmds)]
     try:
-        assert server.wait(timeout=500) == 0, (tmp_path / "server.log").read_text()[-3000:]
+        assert server.wait(timeout=500) == 0, (home / "server.log").read_text()[-3000:]
         for i, proc in enumerate(sites):  # each site exits 0 once the federation ends
-            assert proc.wait(timeout=60) == 0, (tmp_path / f"site{i}.log").read_text()
+            assert proc.wait(timeout=60) == 0, (home / f"site{i}.log").read_text()
     finally:
         for proc in [*sites, server]:
             terminate_tree(proc.pid, signal.SIGTERM, 10.0)
         for handle in logs.values():
             handle.close()
-    said = (tmp_path / "server.log").read_text()
+    said = (home / "server.log").read_text()
     run_folder = re.search(r"^Run folder: +(\S+)$", said, re.MULTILINE)
     assert run_folder, said[-2000:]
     assert "then open http://127.0.0.1:5000/#/experiments/" in said
     assert (Path(run_folder.group(1)) / "server" / "global.safetensors").is_file()
     private = partition_model(build_model(16, RunSpec.for_task("abide"))).private
     for i, site in enumerate(("NYU", "UM")):
-        log = (tmp_path / f"site{i}.log").read_text()
+        log = (home / f"site{i}.log").read_text()
         assert f"[{site}] joined the federation at 127.0.0.1:9092" in log
         assert re.search(rf"\[{site}\] round 1: trained; sent \d+ tensors \([\d.]+ KiB\)", log)
         assert f"[{site}] the federation has ended" in log
@@ -169,11 +168,11 @@ def test_the_readme_hospital_rehearsal_runs_as_written(home: Path) -> None:
                 for line in log.splitlines() if "tensors sent: " in line]
         assert sent and not set(sent[0]) & set(private), "a BN layer was announced as sent"
         # each site keeps its state in its own folder by default
-        assert list((tmp_path / "data" / "site_state" / site).rglob(f"{site}*.safetensors"))
+        assert list((home / "data" / "site_state" / site).rglob(f"{site}*.safetensors"))
 
     onboard = _readme("python pipelines/onboard_site.py")[0].replace(
         "RUN_FOLDER", run_folder.group(1))
-    done = subprocess.run(_argv(onboard), cwd=tmp_path, env=env, capture_output=True,
+    done = subprocess.run(_argv(onboard), cwd=home, env=env, capture_output=True,
                           text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| (")]

@@ -15,8 +15,8 @@ import os
 
 __all__ = ["CORES_ENV_VAR", "usable_cores"]
 
-#: Caps the cores that in-process runs and comparisons use at once (default: every core
-#: this process may run on).
+#: Caps the cores of the three above: an in-process run's sites, a comparison's cells, a
+#: local Flower run's sites (default: every core this process may run on).
 CORES_ENV_VAR = "FEDBN_MED_CORES"
 
 
