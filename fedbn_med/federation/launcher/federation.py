@@ -14,8 +14,10 @@ sites' on pipes (:mod:`.sitehost_client`), the run's in its ``progress.jsonl``
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +25,7 @@ from pathlib import Path
 import fedbn_med.federation.launcher.flower_cli as flower_cli
 from fedbn_med.federation.config import NodeSettings, seal_run_config
 from fedbn_med.federation.events import Event, HostReady
-from fedbn_med.federation.launcher import fleet_gate
+from fedbn_med.federation.launcher import apphost, fleet_gate
 from fedbn_med.federation.launcher.flower_cli import TlsFiles
 from fedbn_med.federation.launcher.processes import (
     EventReader,
@@ -42,6 +44,8 @@ from fedbn_med.spec import RUN_CONFIG_KEY
 __all__ = ["LocalFederation"]
 
 _SERVERS = ("site-host", "gate", "superlink")  # stopped last, in this order
+#: Set to ``off`` to have Flower start each run's ServerApp itself (see :mod:`.apphost`).
+APPHOST_ENV_VAR = "FEDBN_MED_SERVERAPP_HOST"
 
 
 class LocalFederation:
@@ -83,6 +87,14 @@ class LocalFederation:
         # Flower's processes start further Flower commands by name (the SuperLink runs
         # flower-superexec): they must find the ones installed with this Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        # Each run's ServerApp is forked from a host that loaded its stack once (.apphost):
+        # the SuperExec finds our flwr-serverapp first, which hands the run to the host.
+        self._apphost_dir: Path | None = None
+        if os.environ.get(APPHOST_ENV_VAR, "").lower() != "off":
+            self._apphost_dir = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # 0700; short
+            shim = apphost.write_shim(self.workdir / "serverapp-bin", self._apphost_socket,
+                                      flower_cli.flwr_tool("flwr-serverapp"))
+            path = os.pathsep.join([str(shim), path])
         self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.flwr_home),
                     "PYTHONUNBUFFERED": "1"}
         telemetry_off(self.env)  # Flower's and MLflow's usage reports (the ServerApp logs)
@@ -120,8 +132,21 @@ class LocalFederation:
         """Return the folder under which every local site keeps its state (per federation)."""
         return self.workdir / "sites"
 
+    @property
+    def _apphost_socket(self) -> Path:
+        assert self._apphost_dir is not None
+        return self._apphost_dir / "serverapp.sock"
+
     def start_superlink(self, timeout: float = 60.0) -> None:
-        """Start the SuperLink and wait until it accepts connections."""
+        """Start the SuperLink and wait until it accepts connections.
+
+        The ServerApp host starts first, and loads its stack while the SuperLink and the
+        sites start; a run submitted before it is ready runs Flower's own ServerApp.
+        """
+        if self._apphost_dir is not None and not self.supervisor.running("serverapp-host"):
+            self.supervisor.spawn("serverapp-host", [
+                sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
+                "--socket", str(self._apphost_socket)], prefix=self.prefix)
         cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth)
         self.supervisor.spawn("superlink", cmd, prefix=self.prefix)
         host, _, port = self.local_address.rpartition(":")
@@ -329,8 +354,14 @@ class LocalFederation:
 
     # -- stopping ------------------------------------------------------------------------
     def stop_process(self, name: str, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
-        """Stop one process and every process it started."""
+        """Stop one process and every process it started.
+
+        The SuperLink's runs stop with it: so does the ServerApp host, with the ServerApp
+        it forked (the next :meth:`start_superlink` starts it again).
+        """
         self.supervisor.stop(name, sig, grace)
+        if name == "superlink":
+            self.supervisor.stop("serverapp-host", sig, grace)
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
@@ -340,6 +371,8 @@ class LocalFederation:
             self._site_host.close()  # the host forks no more sites and ends
         self.supervisor.stop_all(last=_SERVERS)
         self.supervisor.close()
+        if self._apphost_dir is not None:
+            shutil.rmtree(self._apphost_dir, ignore_errors=True)
 
     def __enter__(self) -> LocalFederation:
         return self

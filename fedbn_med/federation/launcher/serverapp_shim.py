@@ -1,0 +1,75 @@
+"""The ``flwr-serverapp`` that the launcher puts first on Flower's PATH (standard library only).
+
+Flower's SuperExec starts ``flwr-serverapp ARGS`` for every run. This script hands ARGS,
+its environment, its working folder and its three standard streams to the ServerApp host
+(:mod:`fedbn_med.federation.launcher.apphost`) over the host's Unix socket, then waits for
+the forked ServerApp to end and exits with its code; the signals it gets go on to that
+process. Where the host cannot be reached, or refuses, it becomes Flower's own
+``flwr-serverapp`` instead (``exec``), so a run never depends on the host.
+
+It runs as ``python -I -S serverapp_shim.py SOCKET REAL_COMMAND ARGS...``: no site
+packages and no environment-driven imports, a few milliseconds of start-up.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def _fall_back(real: str, args: list, why: str) -> None:
+    print(f"fedbn-med: the ServerApp host did not take this run ({why}); Flower's own "
+          "flwr-serverapp runs it", file=sys.stderr, flush=True)
+    os.execv(real, [real, *args])
+
+
+def _streams() -> list:
+    """Return descriptors 0, 1 and 2, with /dev/null for any the caller left closed."""
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+    return fds
+
+
+def main() -> None:
+    """Hand this run to the host, wait for its ServerApp, exit with that process's code."""
+    sock_path, real, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    request = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    payload = len(request).to_bytes(4, "big") + request
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(sock_path)
+        conn.settimeout(120.0)  # the host answers once its stack is loaded: seconds
+        sent = socket.send_fds(conn, [payload], _streams())
+        conn.sendall(payload[sent:])
+        reader = conn.makefile("rb")
+        first = reader.readline()
+    except OSError as err:
+        _fall_back(real, args, str(err))
+        return
+    if not first.startswith(b"pid "):  # refused: Flower's own command runs the app
+        conn.close()
+        _fall_back(real, args, first.decode(errors="replace").strip() or "no answer")
+        return
+    pid = int(first.split()[1])
+    conn.settimeout(None)  # the run takes as long as it takes
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    last = reader.readline()  # "exit CODE" when the app ends; nothing if it was killed
+    sys.exit(int(last.split()[1]) if last.startswith(b"exit ") else 1)
+
+
+if __name__ == "__main__":
+    main()

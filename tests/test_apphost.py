@@ -1,0 +1,130 @@
+"""The ServerApp host: one real host process, its ``flwr-serverapp`` shim, hostile callers.
+
+The federations of the other integration tests run every ServerApp through a host; here
+the host is started alone, as the launcher starts it, and spoken to as a caller would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fedbn_med.federation.launcher import apphost
+from fedbn_med.federation.launcher.processes import terminate_tree
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("apphost")
+    os.chmod(folder, 0o700)
+    sock = folder / "s.sock"
+    log = open(folder / "host.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
+                             "--socket", str(sock)], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not sock.exists():
+        assert proc.poll() is None, (folder / "host.log").read_text()
+        assert time.monotonic() < deadline, "the host did not open its socket"
+        time.sleep(0.1)
+    yield {"proc": proc, "socket": sock, "folder": folder, "log": folder / "host.log"}
+    terminate_tree(proc.pid, signal.SIGTERM, 10.0)
+    log.close()
+
+
+def _ask(sock: Path, payload: bytes, fds: list[int]) -> bytes:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(30)
+        conn.connect(str(sock))
+        if fds:
+            socket.send_fds(conn, [payload], fds)
+        else:
+            conn.sendall(payload)
+        conn.shutdown(socket.SHUT_WR)
+        return conn.makefile("rb").readline()
+
+
+def _framed(request: object) -> bytes:
+    body = json.dumps(request).encode()
+    return len(body).to_bytes(4, "big") + body
+
+
+@pytest.mark.parametrize("payload, fds, reason", [
+    (b"\x00\x00\x00\x02{}", 3, "argv, env and cwd"),
+    (b"\xff\xff\xff\xff", 3, "at most 1048576 are read"),
+    (b"\x00\x00\x10\x00{", 3, "ended after 1 of 4096 bytes"),
+    (_framed({"argv": ["x"], "env": {}, "cwd": "/"}), 1, "expected 3 descriptors"),
+    (_framed({"argv": [1], "env": {}, "cwd": "/"}), 3, "argv must be a list of strings"),
+    (_framed({"argv": [], "env": {"A=B": "c"}, "cwd": "/"}), 3, "env must map names"),
+    (_framed({"argv": [], "env": {}, "cwd": "/no/such/folder"}), 3, "is not a folder"),
+])
+def test_a_malformed_request_is_refused_and_the_host_serves_on(host, payload, fds, reason):
+    before = psutil.Process(host["proc"].pid).children()
+    answer = _ask(host["socket"], payload, [0, 1, 2][:fds])
+    assert answer.startswith(b"refused: ") and reason.encode() in answer, answer
+    assert host["proc"].poll() is None
+    assert psutil.Process(host["proc"].pid).children() == before  # nothing was forked
+
+
+def _shim(tmp_path: Path, sock: Path, real: str, *args: str) -> subprocess.CompletedProcess:
+    folder = apphost.write_shim(tmp_path / "bin", sock, real)
+    assert folder.stat().st_mode & 0o777 == 0o700
+    return subprocess.run([str(folder / "flwr-serverapp"), *args], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, check=False)
+
+
+def test_the_shim_hands_the_run_to_the_host_with_its_streams_and_exit_code(host, tmp_path):
+    # Flower's own entry point runs in the forked process: a bad option is its usage
+    # error, on the caller's stderr, with its exit code.
+    done = _shim(tmp_path, host["socket"], "/bin/false", "--token", "t", "--no-such-option")
+    assert done.returncode == 2, done.stderr
+    assert "flwr-serverapp: error: unrecognized arguments: --no-such-option" in done.stderr
+    assert "ServerApp host: forked process" in host["log"].read_text()
+
+
+def test_without_a_host_the_shim_runs_flowers_own_command(tmp_path):
+    echo = tmp_path / "real"
+    echo.write_text('#!/bin/sh\necho "real $*"\n')
+    echo.chmod(0o700)
+    done = _shim(tmp_path, tmp_path / "no-host.sock", str(echo), "--token", "t")
+    assert done.returncode == 0 and done.stdout == "real --token t\n", done
+
+
+def test_a_refusing_host_leaves_the_run_to_flowers_own_command(tmp_path):
+    folder = tmp_path / "h"
+    folder.mkdir(mode=0o700)
+    sock = folder / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(sock))
+        server.listen(1)
+        shim = subprocess.Popen([str(apphost.write_shim(tmp_path / "bin", sock, "/bin/echo")
+                                     / "flwr-serverapp"), "x"], stdout=subprocess.PIPE,
+                                text=True)
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"refused: busy\n")
+        out, _ = shim.communicate(timeout=60)
+    assert shim.returncode == 0 and out == "x\n"
+
+
+def test_the_host_will_not_listen_in_a_folder_others_may_enter(tmp_path):
+    folder = tmp_path / "open"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
+                           "--socket", str(folder / "s.sock")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and "must be private (mode 0700)" in done.stderr
+    assert not (folder / "s.sock").exists()
+
