@@ -9,12 +9,19 @@ import fedbn_med.numerics.pinned  # noqa: F401  (numpy reads its pin when it loa
 
 # isort: split
 import importlib
-from collections.abc import Callable
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from fedbn_med.federation.launcher import apphost
+from fedbn_med.federation.launcher.processes import terminate_tree
 from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, generate_cohort
 from tests import stores
 
@@ -43,6 +50,27 @@ def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
         site_effect=1.0,
         n_subjects_scale=SMALL_COHORT_SCALE,
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _serverapp_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One ServerApp host for every federation this test worker starts in-process.
+
+    Each federation would otherwise start its own (:mod:`fedbn_med.federation.launcher.
+    apphost`) and load the ServerApp's stack again; the pipelines the tests run as
+    commands still start theirs. It starts now and loads while the first tests run.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # private, and a short path
+    log = tmp_path_factory.mktemp("serverapp_host") / "host.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
+                                 "--socket", str(folder / "serverapp.sock")], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    apphost.share(folder / "serverapp.sock")
+    yield
+    apphost.share(None)
+    terminate_tree(proc.pid, signal.SIGTERM, 10.0)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

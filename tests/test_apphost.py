@@ -128,3 +128,49 @@ def test_the_host_will_not_listen_in_a_folder_others_may_enter(tmp_path):
     assert done.returncode == 2 and "must be private (mode 0700)" in done.stderr
     assert not (folder / "s.sock").exists()
 
+
+
+def test_a_stop_request_ends_the_runs_of_its_federation_only(host, tmp_path):
+    # A ServerApp whose runtime API never answers keeps trying: a run in progress.
+    shim = apphost.write_shim(tmp_path / "bin", host["socket"], "/bin/false") / "flwr-serverapp"
+    homes = [tmp_path / "fed-a", tmp_path / "fed-b"]
+    runs = [subprocess.Popen([str(shim), "--runtime-api-address", "127.0.0.1:9", "--token",
+                              "t", "--insecure"], env={**os.environ, "FLWR_HOME": str(h)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for h in homes]
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(host["proc"].pid).children()) < 2:
+        assert time.monotonic() < deadline, host["log"].read_text()
+        time.sleep(0.1)
+    with pytest.raises(RuntimeError, match="one of the signals"):
+        apphost.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGUSR1)
+    assert apphost.stop_runs(host["socket"], str(tmp_path / "no-such-fed")) == 0
+    assert apphost.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGKILL) == 1
+    assert runs[0].wait(timeout=30) != 0  # killed: no exit code came
+    assert runs[1].poll() is None  # the other federation's run goes on
+    assert apphost.stop_runs(host["socket"], str(homes[1])) == 1
+    assert runs[1].wait(timeout=30) is not None
+    assert apphost.stop_runs(tmp_path / "gone.sock", str(homes[1])) == 0  # no host: none
+
+
+def test_this_sessions_federations_share_one_host():
+    # conftest starts it for the in-process federations of each test worker
+    socket_path = apphost.shared()
+    assert socket_path is not None and socket_path.is_socket()
+    assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("change", [{"PYTHONPATH": "/elsewhere"}, {"OMP_NUM_THREADS": "7"},
+                                    {"FEDBN_MED_NUMERICS": "native"}])
+def test_a_run_that_would_start_otherwise_is_left_to_flowers_own_command(host, tmp_path,
+                                                                        change):
+    # an import path, a thread pool or a numeric code path the host did not start with:
+    # only a fresh process has them
+    real = tmp_path / "real"
+    real.write_text('#!/bin/sh\necho "fresh $*"\n')
+    real.chmod(0o700)
+    shim = apphost.write_shim(tmp_path / "bin", host["socket"], str(real)) / "flwr-serverapp"
+    done = subprocess.run([str(shim), "--token", "t"], env={**os.environ, **change},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout == "fresh --token t\n", done
+    assert f"the run starts with other {next(iter(change))}" in done.stderr

@@ -38,9 +38,12 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-__all__ = ["MAX_REQUEST", "PRELOAD", "main", "write_shim"]
+__all__ = ["MAX_REQUEST", "PRELOAD", "main", "share", "shared", "socket_folder", "stop_runs",
+           "write_shim"]
 
 #: The modules a ServerApp imports, in the order its process would (the numeric code path
 #: is pinned before numpy loads; matplotlib as the convergence plot sets it up).
@@ -49,7 +52,16 @@ PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "fedbn_med.federat
 #: The largest request (arguments and environment) the host reads.
 MAX_REQUEST = 1 << 20
 _PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)})
+#: Variables a process reads as it starts or loads its libraries (the import path, thread
+#: pools, devices, the numeric code path): a run whose values differ from the host's is
+#: refused, and Flower's own command starts it afresh.
+STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
+                "PYTHONUSERBASE", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDEVMODE",
+                "PYTHONUTF8", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                "CUDA_VISIBLE_DEVICES")
 SHIM = Path(__file__).resolve().with_name("serverapp_shim.py")
+_shared: Path | None = None
 
 
 def write_shim(folder: Path, socket_path: Path, real: str) -> Path:
@@ -67,6 +79,58 @@ def write_shim(folder: Path, socket_path: Path, real: str) -> Path:
     return folder
 
 
+def socket_folder(wanted: Path) -> Path:
+    """Return ``wanted``, made private (0700), as the folder of a host's socket.
+
+    A private temporary folder instead where the socket's path would be too long.
+    """
+    if len(os.fsencode(wanted / "serverapp.sock")) < 100:
+        wanted.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(wanted, 0o700)
+        return wanted
+    return Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))
+
+
+def share(socket_path: Path | None) -> None:
+    """Have every later :class:`~.federation.LocalFederation` of this process use one host.
+
+    A process that runs many federations one after another (a test session, a study) then
+    loads the ServerApp's stack once, not once per federation. The caller starts the host
+    (``python -m fedbn_med.federation.launcher.apphost --socket PATH``) and stops it; None
+    ends the sharing. Each federation still stops its own runs' ServerApps
+    (:func:`stop_runs`) when it stops its SuperLink.
+    """
+    global _shared
+    _shared = None if socket_path is None else Path(socket_path)
+
+
+def shared() -> Path | None:
+    """Return the socket of the host this process's federations share (None: each its own)."""
+    return _shared
+
+
+def stop_runs(socket_path: Path, group: str, sig: int = signal.SIGTERM,
+              timeout: float = 30.0) -> int:
+    """Stop the ServerApps the host forked for the federation whose FLWR_HOME is ``group``.
+
+    Returns how many were running; 0 when the host is gone (its ServerApps went with it).
+    Returns once they have ended.
+    """
+    body = json.dumps({"stop": group, "signal": int(sig)}).encode()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(socket_path))
+            conn.sendall(len(body).to_bytes(4, "big") + body)
+            answer = conn.makefile("rb").readline()
+    except (FileNotFoundError, ConnectionRefusedError):
+        return 0
+    if not answer.startswith(b"stopped "):
+        raise RuntimeError(f"The ServerApp host at {socket_path} did not stop the runs of "
+                           f"{group}: {answer.decode(errors='replace').strip()!r}")
+    return int(answer.split()[1])
+
+
 def _sh_quote(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
 
@@ -80,8 +144,6 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     """Return the caller's request and descriptors; raise ValueError if it is not one."""
     data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
     try:
-        if len(fds) != 3:
-            raise ValueError(f"expected 3 descriptors (stdin, stdout, stderr), got {len(fds)}")
         if len(data) < 4:
             raise ValueError("the request ended before its length")
         size = int.from_bytes(data[:4], "big")
@@ -95,6 +157,10 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
             body += chunk
         request = json.loads(bytes(body[:size]))
         _check(request)
+        wanted = 0 if "stop" in request else 3
+        if len(fds) != wanted:
+            raise ValueError(f"expected {wanted} descriptors (a run: stdin, stdout, stderr), "
+                             f"got {len(fds)}")
         return request, fds
     except ValueError:
         for fd in fds:
@@ -103,8 +169,13 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _check(request: object) -> None:
+    if isinstance(request, dict) and set(request) == {"stop", "signal"}:
+        if not (isinstance(request["stop"], str) and request["signal"] in _STOP_SIGNALS):
+            raise ValueError(f"a stop request names a group and one of the signals "
+                             f"{sorted(_STOP_SIGNALS)}")
+        return
     if not isinstance(request, dict) or set(request) != {"argv", "env", "cwd"}:
-        raise ValueError("expected an object with argv, env and cwd")
+        raise ValueError("expected an object with argv, env and cwd (or stop and signal)")
     argv, env, cwd = request["argv"], request["env"], request["cwd"]
     if not (isinstance(argv, list) and all(isinstance(a, str) and "\0" not in a for a in argv)):
         raise ValueError("argv must be a list of strings")
@@ -116,11 +187,27 @@ def _check(request: object) -> None:
         raise ValueError(f"cwd {str(cwd)[:200]!r} is not a folder")
 
 
+def _startup(env: dict[str, str]) -> dict[str, str | None]:
+    """Return what a process started with ``env`` would read as it starts (see above)."""
+    from fedbn_med.numerics import PINNED, SWITCH, pin
+
+    effective = dict(env)
+    pin(effective)  # what fedbn_med.numerics.pinned would set in that process
+    return {k: effective.get(k) for k in (*STARTUP_VARS, SWITCH, *PINNED)}
+
+
 def _serve(listener: socket.socket) -> None:
     """Answer requests until the launcher stops this host (a child returns from here)."""
+    launcher = os.getppid()
+    groups: dict[int, str] = {}  # each running ServerApp's group: its FLWR_HOME
+    own = _startup(dict(os.environ))
     while True:
         ready, _, _ = select.select([listener], [], [], 1.0)
-        _reap()
+        for pid in _reap():
+            groups.pop(pid, None)
+        if os.getppid() != launcher:  # the process that started this host is gone
+            _stop_group(groups, None, signal.SIGTERM)
+            raise SystemExit(0)
         if not ready:
             continue
         try:
@@ -139,6 +226,20 @@ def _serve(listener: socket.socket) -> None:
                       flush=True)
                 conn.sendall(f"refused: {str(err)[:200]}\n".encode())
                 continue
+            if "stop" in request:
+                stopped = _stop_group(groups, request["stop"], request["signal"])
+                conn.sendall(f"stopped {stopped}\n".encode())
+                continue
+            try:
+                differ = sorted(k for k, v in _startup(request["env"]).items() if own[k] != v)
+            except ValueError as err:  # a numeric-path switch no process would start with
+                differ = [str(err)[:200]]
+            if differ:
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"refused: the run starts with other {', '.join(differ)}\n"
+                             .encode())
+                continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
@@ -147,6 +248,7 @@ def _serve(listener: socket.socket) -> None:
                 _become_serverapp(conn, request, fds)  # never returns
             for fd in fds:
                 os.close(fd)
+            groups[pid] = request["env"].get("FLWR_HOME", "")
             print(f"ServerApp host: forked process {pid} for {request['argv'][:1]}",
                   file=sys.stderr, flush=True)
             conn.sendall(f"pid {pid}\n".encode())
@@ -156,14 +258,48 @@ def _serve(listener: socket.socket) -> None:
             conn.close()
 
 
-def _reap() -> None:
+def _reap() -> list[int]:
+    ended: list[int] = []
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.append(pid)
+
+
+def _stop_group(groups: dict[int, str], group: str | None, sig: int,
+                grace: float = 5.0) -> int:
+    """Signal the ServerApps of ``group`` (all with None) and wait until they have ended.
+
+    Those still running after ``grace`` seconds are killed. Returns how many there were.
+    """
+    pids = [pid for pid, g in groups.items() if group is None or g == group]
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    left = set(pids)
+    while left:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                left.discard(pid)
+                groups.pop(pid, None)
+        if left and time.monotonic() > deadline:
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        elif left:
+            time.sleep(0.02)
+    return len(pids)
 
 
 def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> None:
@@ -186,11 +322,6 @@ def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> Non
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        threads = request["env"].get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:
-            import torch
-
-            torch.set_num_threads(int(threads))
         from flwr.superlink.cli import flwr_serverapp
 
         sys.argv = ["flwr-serverapp", *request["argv"]]

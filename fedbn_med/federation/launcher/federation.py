@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -89,9 +88,15 @@ class LocalFederation:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         # Each run's ServerApp is forked from a host that loaded its stack once (.apphost):
         # the SuperExec finds our flwr-serverapp first, which hands the run to the host.
-        self._apphost_dir: Path | None = None
+        # A process running many federations may share one host (apphost.share).
+        self._apphost_dir: Path | None = None  # this federation's own host's folder
+        self._apphost_socket: Path | None = None
         if os.environ.get(APPHOST_ENV_VAR, "").lower() != "off":
-            self._apphost_dir = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # 0700; short
+            # under a prefix (another network namespace), the runs come from a host there
+            self._apphost_socket = None if self.prefix else apphost.shared()
+            if self._apphost_socket is None:
+                self._apphost_dir = apphost.socket_folder(self.workdir / "serverapp-host")
+                self._apphost_socket = self._apphost_dir / "serverapp.sock"
             shim = apphost.write_shim(self.workdir / "serverapp-bin", self._apphost_socket,
                                       flower_cli.flwr_tool("flwr-serverapp"))
             path = os.pathsep.join([str(shim), path])
@@ -132,11 +137,6 @@ class LocalFederation:
         """Return the folder under which every local site keeps its state (per federation)."""
         return self.workdir / "sites"
 
-    @property
-    def _apphost_socket(self) -> Path:
-        assert self._apphost_dir is not None
-        return self._apphost_dir / "serverapp.sock"
-
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until it accepts connections.
 
@@ -146,7 +146,7 @@ class LocalFederation:
         if self._apphost_dir is not None and not self.supervisor.running("serverapp-host"):
             self.supervisor.spawn("serverapp-host", [
                 sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
-                "--socket", str(self._apphost_socket)], prefix=self.prefix)
+                "--socket", str(self._apphost_dir / "serverapp.sock")], prefix=self.prefix)
         cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth)
         self.supervisor.spawn("superlink", cmd, prefix=self.prefix)
         host, _, port = self.local_address.rpartition(":")
@@ -361,12 +361,19 @@ class LocalFederation:
         """
         self.supervisor.stop(name, sig, grace)
         if name == "superlink":
+            self._stop_serverapps(sig, grace)
+
+    def _stop_serverapps(self, sig: int, grace: float) -> None:
+        if self._apphost_dir is not None:  # our own host: it and its ServerApps
             self.supervisor.stop("serverapp-host", sig, grace)
+        elif self._apphost_socket is not None:  # a shared host: our runs' ServerApps
+            apphost.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
         for name in [n for n in self.processes if n not in _SERVERS]:
             self.supervisor.stop(name)
+        self._stop_serverapps(signal.SIGTERM, 5.0)
         if self._site_host is not None:
             self._site_host.close()  # the host forks no more sites and ends
         self.supervisor.stop_all(last=_SERVERS)
