@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,9 +27,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("apphost")
-    os.chmod(folder, 0o700)
+def host():
+    folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-test-"))  # private, under /tmp
     sock = folder / "s.sock"
     log = open(folder / "host.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
@@ -41,6 +42,7 @@ def host(tmp_path_factory):
     yield {"proc": proc, "socket": sock, "folder": folder, "log": folder / "host.log"}
     terminate_tree(proc.pid, signal.SIGTERM, 10.0)
     log.close()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ask(sock: Path, payload: bytes, fds: list[int]) -> bytes:
@@ -174,3 +176,26 @@ def test_a_run_that_would_start_otherwise_is_left_to_flowers_own_command(host, t
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout == "fresh --token t\n", done
     assert f"the run starts with other {next(iter(change))}" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists(),
+                    reason="switching to another user needs root (and a system Python)")
+def test_another_user_is_refused_even_where_the_folder_would_let_it_in(host):
+    # The folder (0700) keeps other users out; opened up on purpose, the host still
+    # answers only its own user (the socket's peer credentials).
+    client = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+              " print(s.makefile('rb').readline().decode().strip())")
+    as_nobody = {"user": 65534, "group": 65534, "capture_output": True, "text": True,
+                 "timeout": 60, "check": False}
+    python = "/usr/bin/python3"  # the standard library only, readable by every user
+    shut_out = subprocess.run([python, "-c", client, str(host["socket"])], **as_nobody)
+    assert shut_out.returncode != 0 and "Permission denied" in shut_out.stderr
+    mode = host["folder"].stat().st_mode & 0o777
+    try:
+        host["folder"].chmod(0o711)
+        host["socket"].chmod(0o666)
+        let_in = subprocess.run([python, "-c", client, str(host["socket"])], **as_nobody)
+    finally:
+        host["folder"].chmod(mode)
+        host["socket"].chmod(0o600)
+    assert let_in.stdout.strip() == "refused: another user", let_in

@@ -45,8 +45,12 @@ def main() -> None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(sock_path)
         conn.settimeout(120.0)  # the host answers once its stack is loaded: seconds
-        sent = socket.send_fds(conn, [payload], _streams())
-        conn.sendall(payload[sent:])
+        try:
+            sent = socket.send_fds(conn, [payload], _streams())
+            if sent < len(payload):
+                conn.sendall(payload[sent:])
+        except BrokenPipeError:
+            pass  # the host answered (a refusal) before reading it all: its reason follows
         reader = conn.makefile("rb")
         first = reader.readline()
     except OSError as err:
