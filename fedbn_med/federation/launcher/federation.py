@@ -2,9 +2,10 @@
 
 :class:`LocalFederation` says what to start and in which order; a
 :class:`~fedbn_med.federation.launcher.supervisor.Supervisor` owns every process it
-starts (SuperLink, gate, site host, site nodes, the ``flwr run`` client) and stops them
-all on exit, on error and on Ctrl-C, children included; should this process die without
-doing so (SIGKILL), its watchdog (:mod:`fedbn_med.federation.launcher.watchdog`) does.
+starts (SuperLink, gate, site host, site nodes, the ServerApp host, the ``flwr run``
+client) and stops them all on exit, on error and on Ctrl-C, children included; should
+this process die without doing so (SIGKILL), its watchdog
+(:mod:`fedbn_med.federation.launcher.watchdog`) does.
 Servers bind 127.0.0.1 unless a caller passes another host explicitly. Readiness,
 progress and exits come as typed events (:mod:`fedbn_med.federation.events`): the
 sites' on pipes (:mod:`.sitehost_client`), the run's in its ``progress.jsonl``
@@ -140,8 +141,8 @@ class LocalFederation:
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until it accepts connections.
 
-        The ServerApp host starts first, and loads its stack while the SuperLink and the
-        sites start; a run submitted before it is ready runs Flower's own ServerApp.
+        The ServerApp host (unless this process shares one) starts first and loads its
+        stack while the SuperLink and the sites start; a run submitted sooner waits for it.
         """
         if self._apphost_dir is not None and not self.supervisor.running("serverapp-host"):
             self.supervisor.spawn("serverapp-host", [
@@ -356,8 +357,8 @@ class LocalFederation:
     def stop_process(self, name: str, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
         """Stop one process and every process it started.
 
-        The SuperLink's runs stop with it: so does the ServerApp host, with the ServerApp
-        it forked (the next :meth:`start_superlink` starts it again).
+        The SuperLink's runs stop with it: their ServerApps, and this federation's own
+        ServerApp host (the next :meth:`start_superlink` starts it again).
         """
         self.supervisor.stop(name, sig, grace)
         if name == "superlink":
@@ -367,7 +368,10 @@ class LocalFederation:
         if self._apphost_dir is not None:  # our own host: it and its ServerApps
             self.supervisor.stop("serverapp-host", sig, grace)
         elif self._apphost_socket is not None:  # a shared host: our runs' ServerApps
-            apphost.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
+            try:
+                apphost.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
+            except (OSError, RuntimeError) as err:  # a host in trouble: stop the rest anyway
+                print(f"Could not stop this federation's ServerApps: {err}", file=sys.stderr)
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
