@@ -21,15 +21,20 @@ sends its request over this host's Unix socket, in a folder only this user may e
 
 A request is checked before anything is forked: the caller's user ID (the socket's peer
 credentials) must be this process's, the request at most :data:`MAX_REQUEST` bytes of
-the shape above, with exactly three descriptors. Each ServerApp dies with the host
-(Linux ``PR_SET_PDEATHSIG``); the host is one of the launcher's processes, stopped with
-the federation. The host never initialises CUDA (the server averages on the CPU).
+the shape above, with exactly three descriptors, and its start-up settings
+(:data:`STARTUP_VARS`, the numeric code path) the host's own. The launcher stops a
+federation's runs with ``{"stop": FLWR_HOME, "signal": N}`` (no descriptors), answered
+``stopped COUNT`` once they have ended (:func:`stop_runs`).
+
+A federation starts a host of its own, stopped with it; a process that runs many
+federations may share one (:func:`share`). Each ServerApp dies with the host (Linux
+``PR_SET_PDEATHSIG``), and the host with the process that started it. The host never
+initialises CUDA (the server averages on the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import json
 import os
@@ -51,7 +56,6 @@ PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "fedbn_med.federat
            "fedbn_med.tracking", "mlflow.store.tracking.sqlalchemy_store", "matplotlib")
 #: The largest request (arguments and environment) the host reads.
 MAX_REQUEST = 1 << 20
-_PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)})
 #: Variables a process reads as it starts or loads its libraries (the import path, thread
 #: pools, devices, the numeric code path): a run whose values differ from the host's is
@@ -304,15 +308,11 @@ def _stop_group(groups: dict[int, str], group: str | None, sig: int,
 
 def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> None:
     """In the forked child: run Flower's ``flwr-serverapp`` as the request says, then exit."""
+    from fedbn_med.federation.launcher.sitehost import die_with
+
     code = 1
-    host = os.getppid()
     try:
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != host:  # the host ended before the call took effect
-            os._exit(1)
+        die_with(os.getppid())
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
                           else signal.default_int_handler)

@@ -54,7 +54,7 @@ from fedbn_med.federation.events import (
     emit,
 )
 
-__all__ = ["main"]
+__all__ = ["die_with", "main"]
 
 _OUT = 1  # the pipe to the launcher (a private copy of stdout, once main() starts)
 
@@ -99,9 +99,12 @@ def _reap(*_: object) -> None:
         _send(SiteExited(pid=pid, code=os.waitstatus_to_exitcode(status)))
 
 
-def _die_with(parent: int) -> None:
-    # Linux: the kernel sends SIGTERM to this site when the host ends, however it ends
-    # (the launcher's watchdog stops the host with its children otherwise).
+def die_with(parent: int) -> None:
+    """In a forked child: have the kernel send SIGTERM when ``parent`` ends, however it ends.
+
+    Linux only (elsewhere the launcher's watchdog stops the host with its children).
+    Exits at once if ``parent`` ended before the call took effect.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -120,7 +123,7 @@ def _run_site(request: ForkRequest) -> None:
     host = os.getppid()
     try:
         os.setsid()  # a session of its own, as the launcher gives every process it starts
-        _die_with(host)
+        die_with(host)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         log = os.open(request.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
