@@ -9,6 +9,7 @@ import fedbn_med.numerics.pinned  # noqa: F401  (numpy reads its pin when it loa
 
 # isort: split
 import importlib
+import os
 import shutil
 import signal
 import subprocess
@@ -20,8 +21,9 @@ from types import ModuleType
 
 import pytest
 
-from fedbn_med.federation.launcher import apphost
+from fedbn_med.federation.launcher import apphost_client
 from fedbn_med.federation.launcher.processes import terminate_tree
+from fedbn_med.federation.telemetry import telemetry_off
 from fedbn_med.tasks.abide.cohort import DEFAULT_SITE_IDS, generate_cohort
 from tests import stores
 
@@ -54,21 +56,25 @@ def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _serverapp_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One ServerApp host for every federation this test worker starts in-process.
+    """One host of Flower's commands for every federation this test worker starts in-process.
 
     Each federation would otherwise start its own (:mod:`fedbn_med.federation.launcher.
     apphost`) and load the ServerApp's stack again; the pipelines the tests run as
-    commands still start theirs. It starts now and loads while the first tests run.
+    commands still start theirs. It starts now and loads while the first tests run, with
+    the telemetry settings a federation gives its processes (a run with others is left
+    to Flower's own command).
     """
     folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # private, and a short path
     log = tmp_path_factory.mktemp("serverapp_host") / "host.log"
+    env = dict(os.environ)
+    telemetry_off(env)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
                                  "--socket", str(folder / "serverapp.sock")], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    apphost.share(folder / "serverapp.sock")
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    apphost_client.share(folder / "serverapp.sock")
     yield
-    apphost.share(None)
+    apphost_client.share(None)
     terminate_tree(proc.pid, signal.SIGTERM, 10.0)
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -1,7 +1,8 @@
-"""The ServerApp host: one real host process, its ``flwr-serverapp`` shim, hostile callers.
+"""The host of Flower's commands: one real host process, its shims, hostile callers.
 
-The federations of the other integration tests run every ServerApp through a host; here
-the host is started alone, as the launcher starts it, and spoken to as a caller would.
+The federations of the other integration tests run every ServerApp, SuperExec, ``flwr
+run`` and key registration through a host; here the host is started alone, as the
+launcher starts it, and spoken to as a caller would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedbn_med.federation.launcher import apphost
+from fedbn_med.federation.launcher import apphost_client
 from fedbn_med.federation.launcher.processes import terminate_tree
 
 pytestmark = pytest.mark.integration
@@ -63,13 +64,21 @@ def _framed(request: object) -> bytes:
 
 
 @pytest.mark.parametrize("payload, fds, reason", [
-    (b"\x00\x00\x00\x02{}", 3, "argv, env and cwd"),
+    (b"\x00\x00\x00\x02{}", 3, "tool, argv, env and cwd"),
     (b"\xff\xff\xff\xff", 3, "at most 1048576 are read"),
     (b"\x00\x00\x10\x00{", 3, "ended after 1 of 4096 bytes"),
-    (_framed({"argv": ["x"], "env": {}, "cwd": "/"}), 1, "expected 3 descriptors"),
-    (_framed({"argv": [1], "env": {}, "cwd": "/"}), 3, "argv must be a list of strings"),
-    (_framed({"argv": [], "env": {"A=B": "c"}, "cwd": "/"}), 3, "env must map names"),
-    (_framed({"argv": [], "env": {}, "cwd": "/no/such/folder"}), 3, "is not a folder"),
+    (_framed({"tool": "flwr", "argv": ["x"], "env": {}, "cwd": "/"}), 1,
+     "expected 3 descriptors"),
+    (_framed({"tool": "flwr", "argv": [1], "env": {}, "cwd": "/"}), 3,
+     "argv must be a list of strings"),
+    (_framed({"tool": "flwr", "argv": [], "env": {"A=B": "c"}, "cwd": "/"}), 3,
+     "env must map names"),
+    (_framed({"tool": "flwr", "argv": [], "env": {}, "cwd": "/no/such/folder"}), 3,
+     "is not a folder"),
+    (_framed({"tool": "/bin/sh", "argv": [], "env": {}, "cwd": "/"}), 3,
+     "tool must be one of flwr-serverapp, flower-superexec, flwr"),
+    (_framed({"tool": "flwr", "argv": [], "env": {}, "cwd": "/", "more": 1}), 3,
+     "tool, argv, env and cwd"),
 ])
 def test_a_malformed_request_is_refused_and_the_host_serves_on(host, payload, fds, reason):
     before = psutil.Process(host["proc"].pid).children()
@@ -79,11 +88,17 @@ def test_a_malformed_request_is_refused_and_the_host_serves_on(host, payload, fd
     assert psutil.Process(host["proc"].pid).children() == before  # nothing was forked
 
 
-def _shim(tmp_path: Path, sock: Path, real: str, *args: str) -> subprocess.CompletedProcess:
-    folder = apphost.write_shim(tmp_path / "bin", sock, real)
+def _write(tmp_path: Path, sock: Path, real: str, tool: str = "flwr-serverapp") -> Path:
+    folder = apphost_client.write_shims(tmp_path / "bin", sock, {tool: real})
     assert folder.stat().st_mode & 0o777 == 0o700
-    return subprocess.run([str(folder / "flwr-serverapp"), *args], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path, check=False)
+    return folder / tool
+
+
+def _shim(tmp_path: Path, sock: Path, real: str, *args: str, tool: str = "flwr-serverapp",
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(_write(tmp_path, sock, real, tool)), *args], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          check=False)
 
 
 def test_the_shim_hands_the_run_to_the_host_with_its_streams_and_exit_code(host, tmp_path):
@@ -93,6 +108,45 @@ def test_the_shim_hands_the_run_to_the_host_with_its_streams_and_exit_code(host,
     assert done.returncode == 2, done.stderr
     assert "flwr-serverapp: error: unrecognized arguments: --no-such-option" in done.stderr
     assert "ServerApp host: forked process" in host["log"].read_text()
+
+
+def test_flowers_cli_runs_in_the_host_with_the_callers_flwr_home(host, tmp_path):
+    # flwr reads its connections from $FLWR_HOME/config.toml as it runs, not as the host
+    # loaded it: the forked process has the caller's environment.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[superlink]\ndefault = "x"\n\n[superlink.x]\n'
+                                      'address = "127.0.0.1:9"\ninsecure = true\n')
+    log = host["log"].read_text()
+    done = _shim(tmp_path, host["socket"], "/bin/false", "config", "list", "--format",
+                 "json", tool="flwr", env={**os.environ, "FLWR_HOME": str(home)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"superlink": ["x"], "default": "x"}, done.stdout
+    assert host["log"].read_text().count("forked process") == log.count("forked process") + 1
+    with pytest.raises(ValueError, match="not 'flwr-clientapp'"):
+        apphost_client.write_shims(tmp_path / "bin2", host["socket"], {"flwr-clientapp": "x"})
+
+
+def test_a_killed_caller_takes_its_forked_process_with_it(host, tmp_path):
+    # A ServerApp whose runtime API never answers keeps trying, until its caller is gone.
+    before = {p.pid for p in psutil.Process(host["proc"].pid).children()}
+    shim = subprocess.Popen([str(_write(tmp_path, host["socket"], "/bin/false")),
+                             "--runtime-api-address", "127.0.0.1:9", "--token", "t",
+                             "--insecure"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    forked: set[int] = set()
+    while not forked:
+        assert time.monotonic() < deadline, host["log"].read_text()
+        time.sleep(0.1)
+        forked = {p.pid for p in psutil.Process(host["proc"].pid).children()} - before
+    time.sleep(1.0)
+    assert forked <= {p.pid for p in psutil.Process(host["proc"].pid).children()}  # it runs
+    shim.kill()  # SIGKILL: nothing is forwarded
+    shim.wait(timeout=30)
+    while forked & {p.pid for p in psutil.Process(host["proc"].pid).children()}:
+        assert time.monotonic() < deadline + 30, "the forked process outlived its caller"
+        time.sleep(0.1)
 
 
 def test_without_a_host_the_shim_runs_flowers_own_command(tmp_path):
@@ -110,9 +164,8 @@ def test_a_refusing_host_leaves_the_run_to_flowers_own_command(tmp_path):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(sock))
         server.listen(1)
-        shim = subprocess.Popen([str(apphost.write_shim(tmp_path / "bin", sock, "/bin/echo")
-                                     / "flwr-serverapp"), "x"], stdout=subprocess.PIPE,
-                                text=True)
+        shim = subprocess.Popen([str(_write(tmp_path, sock, "/bin/echo")), "x"],
+                                stdout=subprocess.PIPE, text=True)
         conn, _ = server.accept()
         with conn:
             conn.sendall(b"refused: busy\n")
@@ -134,7 +187,7 @@ def test_the_host_will_not_listen_in_a_folder_others_may_enter(tmp_path):
 
 def test_a_stop_request_ends_the_runs_of_its_federation_only(host, tmp_path):
     # A ServerApp whose runtime API never answers keeps trying: a run in progress.
-    shim = apphost.write_shim(tmp_path / "bin", host["socket"], "/bin/false") / "flwr-serverapp"
+    shim = _write(tmp_path, host["socket"], "/bin/false")
     homes = [tmp_path / "fed-a", tmp_path / "fed-b"]
     runs = [subprocess.Popen([str(shim), "--runtime-api-address", "127.0.0.1:9", "--token",
                               "t", "--insecure"], env={**os.environ, "FLWR_HOME": str(h)},
@@ -145,19 +198,19 @@ def test_a_stop_request_ends_the_runs_of_its_federation_only(host, tmp_path):
         assert time.monotonic() < deadline, host["log"].read_text()
         time.sleep(0.1)
     with pytest.raises(RuntimeError, match="one of the signals"):
-        apphost.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGUSR1)
-    assert apphost.stop_runs(host["socket"], str(tmp_path / "no-such-fed")) == 0
-    assert apphost.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGKILL) == 1
+        apphost_client.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGUSR1)
+    assert apphost_client.stop_runs(host["socket"], str(tmp_path / "no-such-fed")) == 0
+    assert apphost_client.stop_runs(host["socket"], str(homes[0]), sig=signal.SIGKILL) == 1
     assert runs[0].wait(timeout=30) != 0  # killed: no exit code came
     assert runs[1].poll() is None  # the other federation's run goes on
-    assert apphost.stop_runs(host["socket"], str(homes[1])) == 1
+    assert apphost_client.stop_runs(host["socket"], str(homes[1])) == 1
     assert runs[1].wait(timeout=30) is not None
-    assert apphost.stop_runs(tmp_path / "gone.sock", str(homes[1])) == 0  # no host: none
+    assert apphost_client.stop_runs(tmp_path / "gone.sock", str(homes[1])) == 0  # no host: none
 
 
 def test_this_sessions_federations_share_one_host():
     # conftest starts it for the in-process federations of each test worker
-    socket_path = apphost.shared()
+    socket_path = apphost_client.shared()
     assert socket_path is not None and socket_path.is_socket()
     assert socket_path.parent.stat().st_mode & 0o777 == 0o700
 
@@ -171,7 +224,7 @@ def test_a_run_that_would_start_otherwise_is_left_to_flowers_own_command(host, t
     real = tmp_path / "real"
     real.write_text('#!/bin/sh\necho "fresh $*"\n')
     real.chmod(0o700)
-    shim = apphost.write_shim(tmp_path / "bin", host["socket"], str(real)) / "flwr-serverapp"
+    shim = _write(tmp_path, host["socket"], str(real))
     done = subprocess.run([str(shim), "--token", "t"], env={**os.environ, **change},
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout == "fresh --token t\n", done

@@ -1,41 +1,48 @@
-"""A ServerApp host: load the server's stack once, fork one ServerApp process per run.
+"""A host of Flower's commands: load the server's stack once, fork a process per command.
 
 Flower's SuperExec starts a fresh ``flwr-serverapp`` process for every run, and that
 process spends about 5 s of CPU importing Flower, torch, MLflow and matplotlib before it
 can ask for its first reply. A local comparison (several runs on one federation) pays it
-for every run, and every run waits for it. This host imports that stack once, while the
-sites start, and forks: each run's ServerApp is still its own process, running Flower's
-own ``flwr-serverapp`` entry point with the arguments, environment, working folder and
-standard streams the SuperExec gave it.
+for every run, and every run waits for it. The other Flower commands a federation runs
+(``flower-superexec`` once, ``flwr run`` per run, ``flwr supernode register`` per site)
+import Flower afresh too, about a CPU-second each. This host imports that stack once,
+while the sites start, and forks: each command is still its own process, running
+Flower's own entry point (:data:`TOOLS`) with the arguments, environment, working folder
+and standard streams its caller gave it.
 
-How a run reaches it: the launcher puts a small ``flwr-serverapp`` of its own first on the
-SuperLink's PATH (:func:`write_shim`; the code is
-:mod:`~fedbn_med.federation.launcher.serverapp_shim`). The SuperExec starts that; it
-sends its request over this host's Unix socket, in a folder only this user may enter::
+How a command reaches it: the launcher puts small scripts of the same names first on
+PATH (:func:`.apphost_client.write_shims`; the code is
+:mod:`~fedbn_med.federation.launcher.command_shim`) and runs its own commands through
+them. Each sends its request over this host's Unix socket, in a folder only this user
+may enter::
 
-    -> 4-byte length, JSON {"argv": [...], "env": {...}, "cwd": "..."}, and the
-       caller's stdin, stdout and stderr (SCM_RIGHTS)
-    <- "pid N"      the ServerApp process was forked
-    <- "exit CODE"  it ended (written by the ServerApp itself, just before it exits)
+    -> 4-byte length, JSON {"tool": NAME, "argv": [...], "env": {...}, "cwd": "..."},
+       and the caller's stdin, stdout and stderr (SCM_RIGHTS)
+    <- "pid N"      the process was forked
+    <- "exit CODE"  it ended (written by the process itself, just before it exits)
     <- "refused: REASON"   instead of both: the caller runs Flower's own command
+
+The caller keeps the connection open while the process runs: once it closes (the caller
+was killed), the process is killed too.
 
 A request is checked before anything is forked: the caller's user ID (the socket's peer
 credentials) must be this process's, the request at most :data:`MAX_REQUEST` bytes of
 the shape above, with exactly three descriptors, and its start-up settings
 (:data:`STARTUP_VARS`, the numeric code path) the host's own. The launcher stops a
-federation's runs with ``{"stop": FLWR_HOME, "signal": N}`` (no descriptors), answered
-``stopped COUNT`` once they have ended (:func:`stop_runs`).
+federation's commands with ``{"stop": FLWR_HOME, "signal": N}`` (no descriptors), answered
+``stopped COUNT`` once they have ended (:func:`.apphost_client.stop_runs`).
 
 A federation starts a host of its own, stopped with it; a process that runs many
-federations may share one (:func:`share`). Each ServerApp dies with the host (Linux
-``PR_SET_PDEATHSIG``), and the host with the process that started it. The host never
-initialises CUDA (the server averages on the CPU).
+federations may share one (:func:`.apphost_client.share`). Each forked process dies with
+the host (Linux ``PR_SET_PDEATHSIG``), and the host with the process that started it. The
+host never initialises CUDA (the server averages on the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import os
 import select
@@ -43,17 +50,19 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["MAX_REQUEST", "PRELOAD", "main", "share", "shared", "socket_folder", "stop_runs",
-           "write_shim"]
+__all__ = ["MAX_REQUEST", "PRELOAD", "STARTUP_VARS", "TOOLS", "main"]
 
 #: The modules a ServerApp imports, in the order its process would (the numeric code path
 #: is pinned before numpy loads; matplotlib as the convergence plot sets it up).
 PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "fedbn_med.federation.server_app",
-           "fedbn_med.tracking", "mlflow.store.tracking.sqlalchemy_store", "matplotlib")
+           "fedbn_med.tracking", "mlflow.store.tracking.sqlalchemy_store", "matplotlib",
+           "flwr.supercore.cli", "flwr.cli.app")
+#: Flower's commands the host runs, by their console-script names (flwr's own metadata
+#: says which function each one is).
+TOOLS = ("flwr-serverapp", "flower-superexec", "flwr")
 #: The largest request (arguments and environment) the host reads.
 MAX_REQUEST = 1 << 20
 _STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)})
@@ -63,82 +72,11 @@ _STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.
 STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE",
                 "PYTHONUSERBASE", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDEVMODE",
                 "PYTHONUTF8", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                "CUDA_VISIBLE_DEVICES")
-SHIM = Path(__file__).resolve().with_name("serverapp_shim.py")
-_shared: Path | None = None
-
-
-def write_shim(folder: Path, socket_path: Path, real: str) -> Path:
-    """Write the ``flwr-serverapp`` that hands runs to the host at ``socket_path``.
-
-    Returns ``folder``, to put first on the SuperLink's PATH.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
-    script = folder / "flwr-serverapp"
-    words = " ".join(_sh_quote(w) for w in (sys.executable, "-I", "-S", str(SHIM),
-                                            str(socket_path), real))
-    script.write_text(f'#!/bin/sh\nexec {words} "$@"\n', encoding="utf-8")
-    os.chmod(script, 0o700)
-    return folder
-
-
-def socket_folder(wanted: Path) -> Path:
-    """Return ``wanted``, made private (0700), as the folder of a host's socket.
-
-    A private temporary folder instead where the socket's path would be too long.
-    """
-    if len(os.fsencode(wanted / "serverapp.sock")) < 100:
-        wanted.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(wanted, 0o700)
-        return wanted
-    return Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))
-
-
-def share(socket_path: Path | None) -> None:
-    """Have every later :class:`~.federation.LocalFederation` of this process use one host.
-
-    A process that runs many federations one after another (a test session, a study) then
-    loads the ServerApp's stack once, not once per federation. The caller starts the host
-    (``python -m fedbn_med.federation.launcher.apphost --socket PATH``) and stops it; None
-    ends the sharing. Each federation still stops its own runs' ServerApps
-    (:func:`stop_runs`) when it stops its SuperLink.
-    """
-    global _shared
-    _shared = None if socket_path is None else Path(socket_path)
-
-
-def shared() -> Path | None:
-    """Return the socket of the host this process's federations share (None: each its own)."""
-    return _shared
-
-
-def stop_runs(socket_path: Path, group: str, sig: int = signal.SIGTERM,
-              timeout: float = 30.0) -> int:
-    """Stop the ServerApps the host forked for the federation whose FLWR_HOME is ``group``.
-
-    Returns how many were running; 0 when the host is gone (its ServerApps went with it).
-    Returns once they have ended.
-    """
-    body = json.dumps({"stop": group, "signal": int(sig)}).encode()
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(timeout)
-            conn.connect(str(socket_path))
-            conn.sendall(len(body).to_bytes(4, "big") + body)
-            answer = conn.makefile("rb").readline()
-    except (FileNotFoundError, ConnectionRefusedError):
-        return 0
-    if not answer.startswith(b"stopped "):
-        raise RuntimeError(f"The ServerApp host at {socket_path} did not stop the runs of "
-                           f"{group}: {answer.decode(errors='replace').strip()!r}")
-    return int(answer.split()[1])
-
-
-def _sh_quote(word: str) -> str:
-    return "'" + word.replace("'", "'\\''") + "'"
-
-
+                "CUDA_VISIBLE_DEVICES",
+                # read once, as flwr 1.42 and MLflow 3 load (telemetry, service addresses)
+                "FLWR_TELEMETRY_ENABLED", "FLWR_TELEMETRY_LOGGING", "FLWR_SUPERGRID_API_URL",
+                "FLWR_SUPERGRID_ADDRESS", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT",
+                "FLWR_LOCAL_CONTROL_API_PORT", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -178,8 +116,11 @@ def _check(request: object) -> None:
             raise ValueError(f"a stop request names a group and one of the signals "
                              f"{sorted(_STOP_SIGNALS)}")
         return
-    if not isinstance(request, dict) or set(request) != {"argv", "env", "cwd"}:
-        raise ValueError("expected an object with argv, env and cwd (or stop and signal)")
+    if not isinstance(request, dict) or set(request) != {"tool", "argv", "env", "cwd"}:
+        raise ValueError("expected an object with tool, argv, env and cwd (or stop and "
+                         "signal)")
+    if request["tool"] not in TOOLS:
+        raise ValueError(f"tool must be one of {', '.join(TOOLS)}")
     argv, env, cwd = request["argv"], request["env"], request["cwd"]
     if not (isinstance(argv, list) and all(isinstance(a, str) and "\0" not in a for a in argv)):
         raise ValueError("argv must be a list of strings")
@@ -203,7 +144,7 @@ def _startup(env: dict[str, str]) -> dict[str, str | None]:
 def _serve(listener: socket.socket) -> None:
     """Answer requests until the launcher stops this host (a child returns from here)."""
     launcher = os.getppid()
-    groups: dict[int, str] = {}  # each running ServerApp's group: its FLWR_HOME
+    groups: dict[int, str] = {}  # each running process's group: its FLWR_HOME
     own = _startup(dict(os.environ))
     while True:
         ready, _, _ = select.select([listener], [], [], 1.0)
@@ -249,11 +190,11 @@ def _serve(listener: socket.socket) -> None:
             pid = os.fork()
             if pid == 0:
                 listener.close()
-                _become_serverapp(conn, request, fds)  # never returns
+                _become(conn, request, fds)  # never returns
             for fd in fds:
                 os.close(fd)
             groups[pid] = request["env"].get("FLWR_HOME", "")
-            print(f"ServerApp host: forked process {pid} for {request['argv'][:1]}",
+            print(f"ServerApp host: forked process {pid} for {request['tool']}",
                   file=sys.stderr, flush=True)
             conn.sendall(f"pid {pid}\n".encode())
         except OSError:
@@ -276,7 +217,7 @@ def _reap() -> list[int]:
 
 def _stop_group(groups: dict[int, str], group: str | None, sig: int,
                 grace: float = 5.0) -> int:
-    """Signal the ServerApps of ``group`` (all with None) and wait until they have ended.
+    """Signal the processes of ``group`` (all with None) and wait until they have ended.
 
     Those still running after ``grace`` seconds are killed. Returns how many there were.
     """
@@ -306,13 +247,17 @@ def _stop_group(groups: dict[int, str], group: str | None, sig: int,
     return len(pids)
 
 
-def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the forked child: run Flower's ``flwr-serverapp`` as the request says, then exit."""
+def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: run the Flower command as the request says, then exit."""
+    import threading
+
     from fedbn_med.federation.launcher.sitehost import die_with
 
     code = 1
     try:
         die_with(os.getppid())
+        conn.settimeout(None)
+        threading.Thread(target=_die_with_caller, args=(conn,), daemon=True).start()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
                           else signal.default_int_handler)
@@ -322,10 +267,10 @@ def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> Non
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        from flwr.superlink.cli import flwr_serverapp
-
-        sys.argv = ["flwr-serverapp", *request["argv"]]
-        flwr_serverapp()
+        module, _, name = _entry_point(request["tool"]).partition(":")
+        command = getattr(importlib.import_module(module), name)
+        sys.argv = [request["tool"], *request["argv"]]
+        command()
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
@@ -339,6 +284,24 @@ def _become_serverapp(conn: socket.socket, request: dict, fds: list[int]) -> Non
     except OSError:
         pass
     os._exit(code)
+
+
+def _die_with_caller(conn: socket.socket) -> None:
+    """Kill this process once the caller's end of ``conn`` closes (it sends nothing more)."""
+    try:
+        while conn.recv(4096):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _entry_point(tool: str) -> str:
+    """Return ``module:function`` of Flower's command ``tool`` (flwr's own metadata)."""
+    for entry in importlib.metadata.entry_points(group="console_scripts", name=tool):
+        if entry.dist is None or entry.dist.name == "flwr":
+            return str(entry.value)
+    raise FileNotFoundError(f"flwr does not declare the {tool!r} command")
 
 
 def _wind_down() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import fedbn_med.federation.launcher.flower_cli as flower_cli
 from fedbn_med.federation.config import NodeSettings, seal_run_config
 from fedbn_med.federation.events import Event, HostReady
-from fedbn_med.federation.launcher import apphost, fleet_gate
+from fedbn_med.federation.launcher import apphost_client, fleet_gate
 from fedbn_med.federation.launcher.flower_cli import TlsFiles
 from fedbn_med.federation.launcher.processes import (
     EventReader,
@@ -87,20 +87,25 @@ class LocalFederation:
         # Flower's processes start further Flower commands by name (the SuperLink runs
         # flower-superexec): they must find the ones installed with this Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        # Each run's ServerApp is forked from a host that loaded its stack once (.apphost):
-        # the SuperExec finds our flwr-serverapp first, which hands the run to the host.
-        # A process running many federations may share one host (apphost.share).
+        # Flower's commands (each run's ServerApp, the SuperExec, flwr run and key
+        # registration) are forked from a host that loaded their stack once (.apphost):
+        # Flower and this launcher find ours first, which hand them to the host. A process
+        # running many federations may share one host (apphost_client.share).
         self._apphost_dir: Path | None = None  # this federation's own host's folder
         self._apphost_socket: Path | None = None
+        self._flwr = flower_cli.flwr_tool("flwr")
         if os.environ.get(APPHOST_ENV_VAR, "").lower() != "off":
-            # under a prefix (another network namespace), the runs come from a host there
-            self._apphost_socket = None if self.prefix else apphost.shared()
+            # under a prefix (another network namespace), they come from a host there
+            self._apphost_socket = None if self.prefix else apphost_client.shared()
             if self._apphost_socket is None:
-                self._apphost_dir = apphost.socket_folder(self.workdir / "serverapp-host")
+                self._apphost_dir = apphost_client.socket_folder(self.workdir
+                                                                 / "serverapp-host")
                 self._apphost_socket = self._apphost_dir / "serverapp.sock"
-            shim = apphost.write_shim(self.workdir / "serverapp-bin", self._apphost_socket,
-                                      flower_cli.flwr_tool("flwr-serverapp"))
-            path = os.pathsep.join([str(shim), path])
+            shims = apphost_client.write_shims(
+                self.workdir / "flower-bin", self._apphost_socket,
+                {tool: flower_cli.flwr_tool(tool) for tool in apphost_client.TOOLS})
+            path = os.pathsep.join([str(shims), path])
+            self._flwr = str(shims / "flwr")
         self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.flwr_home),
                     "PYTHONUNBUFFERED": "1"}
         telemetry_off(self.env)  # Flower's and MLflow's usage reports (the ServerApp logs)
@@ -197,7 +202,7 @@ class LocalFederation:
         """Register a site's public key with the SuperLink; return the node ID it gets."""
         try:
             node_id = flower_cli.register_key(public_key, env=self.env, cwd=self.workdir,
-                                              prefix=list(self.prefix))
+                                              prefix=list(self.prefix), flwr=self._flwr)
         except RuntimeError as err:
             raise FederationError(str(err)) from err
         self._site_keys.append(Path(public_key))
@@ -323,7 +328,7 @@ class LocalFederation:
         progress = results_dir / "progress.jsonl"
         offset = progress.stat().st_size if progress.exists() else 0
         submitted = time.time()
-        proc = self.supervisor.spawn(name, flower_cli.run_command(overrides),
+        proc = self.supervisor.spawn(name, flower_cli.run_command(overrides, self._flwr),
                                      prefix=self.prefix)
         return SubmittedRun(proc=proc, name=name, results_dir=results_dir,
                             progress_from=offset, submitted=submitted)
@@ -369,9 +374,10 @@ class LocalFederation:
             self.supervisor.stop("serverapp-host", sig, grace)
         elif self._apphost_socket is not None:  # a shared host: our runs' ServerApps
             try:
-                apphost.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
+                apphost_client.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
             except (OSError, RuntimeError) as err:  # a host in trouble: stop the rest anyway
-                print(f"Could not stop this federation's ServerApps: {err}", file=sys.stderr)
+                print(f"Could not stop this federation's Flower commands: {err}",
+                      file=sys.stderr)
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""

@@ -94,15 +94,17 @@ def connection_config(address: str, tls: TlsFiles | None) -> str:
 
 
 def register_key(public_key: Path, *, env: Mapping[str, str], cwd: Path,
-                 prefix: list[str] | None = None) -> int:
+                 prefix: list[str] | None = None, flwr: str | None = None) -> int:
     """Register a site's public key with the SuperLink; return the node ID it gets.
+
+    ``flwr`` is the ``flwr`` command to run (default: Flower's own, next to this Python).
 
     Raises
     ------
     RuntimeError
         When Flower refuses the key, with Flower's reason.
     """
-    out = subprocess.run([*(prefix or []), flwr_tool("flwr"), "supernode", "register",
+    out = subprocess.run([*(prefix or []), flwr or flwr_tool("flwr"), "supernode", "register",
                           str(public_key), CONNECTION, "--format", "json"],
                          env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=120,
                          check=False)
@@ -124,9 +126,9 @@ def write_run_config(path: Path, run_config: Mapping[str, object]) -> Path:
     return path
 
 
-def run_command(overrides: Path) -> list[str]:
+def run_command(overrides: Path, flwr: str | None = None) -> list[str]:
     """Return ``flwr run`` of the fedbn-med app against our SuperLink, streaming its logs."""
-    return [flwr_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
+    return [flwr or flwr_tool("flwr"), "run", str(APP_DIR), CONNECTION, "--stream",
             "--run-config", str(overrides)]
 
 
