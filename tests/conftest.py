@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -56,25 +57,38 @@ def small_cohort(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _serverapp_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One host of Flower's commands for every federation this test worker starts in-process.
+    """One host of Flower's commands for every federation this test worker starts.
 
     Each federation would otherwise start its own (:mod:`fedbn_med.federation.launcher.
-    apphost`) and load the ServerApp's stack again; the pipelines the tests run as
-    commands still start theirs. It starts now and loads while the first tests run, with
-    the telemetry settings a federation gives its processes (a run with others is left
-    to Flower's own command).
+    apphost`) and load the ServerApp's stack again: the in-process ones, and those of the
+    commands the tests run (they inherit ``FEDBN_MED_SERVERAPP_HOST``). It starts now and
+    loads while the first tests run, with the telemetry settings a federation gives its
+    processes (a command with other start-up settings is left to Flower's own).
     """
+    if os.environ.get(apphost_client.ENV_VAR, "").lower() == "off":  # asked for none
+        yield
+        return
     folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # private, and a short path
+    sock = folder / "serverapp.sock"
     log = tmp_path_factory.mktemp("serverapp_host") / "host.log"
     env = dict(os.environ)
     telemetry_off(env)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
-                                 "--socket", str(folder / "serverapp.sock")], stdout=out,
+                                 "--socket", str(sock)], stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    apphost_client.share(folder / "serverapp.sock")
+    deadline = time.monotonic() + 60
+    while not sock.is_socket():  # it listens first, then loads
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"The tests' ServerApp host did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    old = os.environ.get(apphost_client.ENV_VAR)
+    os.environ[apphost_client.ENV_VAR] = str(sock)
     yield
-    apphost_client.share(None)
+    if old is None:
+        os.environ.pop(apphost_client.ENV_VAR, None)
+    else:
+        os.environ[apphost_client.ENV_VAR] = old
     terminate_tree(proc.pid, signal.SIGTERM, 10.0)
     shutil.rmtree(folder, ignore_errors=True)
 

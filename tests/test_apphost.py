@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedbn_med.federation.launcher import apphost_client
-from fedbn_med.federation.launcher.processes import terminate_tree
+from fedbn_med.federation.launcher import LocalFederation, apphost_client
+from fedbn_med.federation.launcher.processes import FederationError, terminate_tree
 
 pytestmark = pytest.mark.integration
 
@@ -208,11 +208,21 @@ def test_a_stop_request_ends_the_runs_of_its_federation_only(host, tmp_path):
     assert apphost_client.stop_runs(tmp_path / "gone.sock", str(homes[1])) == 0  # no host: none
 
 
+@pytest.mark.skipif(os.environ.get(apphost_client.ENV_VAR) == "off", reason="host off")
 def test_this_sessions_federations_share_one_host():
-    # conftest starts it for the in-process federations of each test worker
+    # conftest starts it for the federations of each test worker, and of the commands
+    # its tests run (they inherit the variable)
     socket_path = apphost_client.shared()
     assert socket_path is not None and socket_path.is_socket()
     assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+    assert os.environ[apphost_client.ENV_VAR] == str(socket_path)
+
+
+def test_a_host_setting_that_is_no_socket_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(apphost_client.ENV_VAR, str(tmp_path / "nope.sock"))
+    with pytest.raises(FederationError, match=r"FEDBN_MED_SERVERAPP_HOST='.*nope\.sock': "
+                                              r"expected 'off' or the socket of a running"):
+        LocalFederation(tmp_path / "fed")
 
 
 @pytest.mark.parametrize("change", [{"PYTHONPATH": "/elsewhere"}, {"OMP_NUM_THREADS": "7"},

@@ -18,9 +18,14 @@ from pathlib import Path
 
 from fedbn_med.federation.launcher.apphost import TOOLS
 
-__all__ = ["SHIM", "TOOLS", "share", "shared", "socket_folder", "stop_runs", "write_shims"]
+__all__ = ["ENV_VAR", "SHIM", "TOOLS", "share", "shared", "socket_folder", "stop_runs",
+           "write_shims"]
 
 SHIM = Path(__file__).resolve().with_name("command_shim.py")
+#: ``off``: Flower starts each of its commands afresh. The path of a running host's socket:
+#: the federations of this process, and of the commands it starts, share that host.
+#: Unset: each federation starts a host of its own.
+ENV_VAR = "FEDBN_MED_SERVERAPP_HOST"
 _shared: Path | None = None
 
 
@@ -68,8 +73,25 @@ def share(socket_path: Path | None) -> None:
 
 
 def shared() -> Path | None:
-    """Return the socket of the host this process's federations share (None: each its own)."""
-    return _shared
+    """Return the socket of the host this process's federations share (None: each its own).
+
+    That is the one :func:`share` named, else the one :data:`ENV_VAR` names.
+
+    Raises
+    ------
+    ValueError
+        When :data:`ENV_VAR` is neither ``off`` nor the socket of a running host.
+    """
+    if _shared is not None:
+        return _shared
+    value = os.environ.get(ENV_VAR, "")
+    if not value or value.lower() == "off":
+        return None
+    if not Path(value).is_socket():
+        raise ValueError(f"{ENV_VAR}={value!r}: expected 'off' or the socket of a running "
+                         "host (python -m fedbn_med.federation.launcher.apphost --socket "
+                         "PATH)")
+    return Path(value)
 
 
 def stop_runs(socket_path: Path, group: str, sig: int = signal.SIGTERM,

@@ -44,8 +44,8 @@ from fedbn_med.spec import RUN_CONFIG_KEY
 __all__ = ["LocalFederation"]
 
 _SERVERS = ("site-host", "gate", "superlink")  # stopped last, in this order
-#: Set to ``off`` to have Flower start each run's ServerApp itself (see :mod:`.apphost`).
-APPHOST_ENV_VAR = "FEDBN_MED_SERVERAPP_HOST"
+#: ``off``: Flower starts its commands itself; a host's socket: share it (:mod:`.apphost`).
+APPHOST_ENV_VAR = apphost_client.ENV_VAR
 
 
 class LocalFederation:
@@ -87,16 +87,18 @@ class LocalFederation:
         # Flower's processes start further Flower commands by name (the SuperLink runs
         # flower-superexec): they must find the ones installed with this Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        # Flower's commands (each run's ServerApp, the SuperExec, flwr run and key
-        # registration) are forked from a host that loaded their stack once (.apphost):
-        # Flower and this launcher find ours first, which hand them to the host. A process
-        # running many federations may share one host (apphost_client.share).
+        # Flower's commands (ServerApps, SuperExec, flwr run, key registration) are forked
+        # from a host that loaded their stack once (.apphost, maybe shared): ours, found
+        # first, hand them to it.
         self._apphost_dir: Path | None = None  # this federation's own host's folder
         self._apphost_socket: Path | None = None
         self._flwr = flower_cli.flwr_tool("flwr")
         if os.environ.get(APPHOST_ENV_VAR, "").lower() != "off":
             # under a prefix (another network namespace), they come from a host there
-            self._apphost_socket = None if self.prefix else apphost_client.shared()
+            try:
+                self._apphost_socket = None if self.prefix else apphost_client.shared()
+            except ValueError as err:
+                raise FederationError(str(err)) from None
             if self._apphost_socket is None:
                 self._apphost_dir = apphost_client.socket_folder(self.workdir
                                                                  / "serverapp-host")
