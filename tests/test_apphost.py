@@ -76,7 +76,7 @@ def _framed(request: object) -> bytes:
     (_framed({"tool": "flwr", "argv": [], "env": {}, "cwd": "/no/such/folder"}), 3,
      "is not a folder"),
     (_framed({"tool": "/bin/sh", "argv": [], "env": {}, "cwd": "/"}), 3,
-     "tool must be one of flwr-serverapp, flower-superexec, flwr"),
+     "tool must be one of flower-superlink, flwr-serverapp, flower-superexec, flwr"),
     (_framed({"tool": "flwr", "argv": [], "env": {}, "cwd": "/", "more": 1}), 3,
      "tool, argv, env and cwd"),
 ])
@@ -262,3 +262,26 @@ def test_another_user_is_refused_even_where_the_folder_would_let_it_in(host):
         host["folder"].chmod(mode)
         host["socket"].chmod(0o600)
     assert let_in.stdout.strip() == "refused: another user", let_in
+
+
+def _listener(port: int) -> psutil.Process:
+    found = [c.pid for c in psutil.net_connections(kind="tcp")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid]
+    assert len(set(found)) == 1, found
+    return psutil.Process(found[0])
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared host", "own host"])
+def test_the_superlink_is_forked_from_the_host_and_stops_with_the_federation(
+        tmp_path, monkeypatch, shared):
+    if not shared:
+        monkeypatch.delenv(apphost_client.ENV_VAR, raising=False)
+    elif apphost_client.shared() is None:
+        pytest.skip("no shared host in this session")
+    with LocalFederation(tmp_path / "fed") as fed:
+        fed.start_superlink()
+        superlink = _listener(fed.port)
+        assert superlink.pid != fed.processes["superlink"].pid  # that is the shim
+        assert "launcher.apphost" in " ".join(superlink.parent().cmdline())
+        assert ("serverapp-host" in fed.processes) is not shared
+    assert not superlink.is_running() or superlink.status() == psutil.STATUS_ZOMBIE

@@ -4,11 +4,11 @@ Flower's SuperExec starts a fresh ``flwr-serverapp`` process for every run, and 
 process spends about 5 s of CPU importing Flower, torch, MLflow and matplotlib before it
 can ask for its first reply. A local comparison (several runs on one federation) pays it
 for every run, and every run waits for it. The other Flower commands a federation runs
-(``flower-superexec`` once, ``flwr run`` per run, ``flwr supernode register`` per site)
-import Flower afresh too, about a CPU-second each. This host imports that stack once,
-while the sites start, and forks: each command is still its own process, running
-Flower's own entry point (:data:`TOOLS`) with the arguments, environment, working folder
-and standard streams its caller gave it.
+(``flower-superlink`` and ``flower-superexec`` once, ``flwr run`` per run, ``flwr
+supernode register`` per site) import Flower afresh too, about a CPU-second each. This
+host imports that stack once, Flower first, while the sites start, and forks: each
+command is still its own process, running Flower's own entry point (:data:`TOOLS`) with
+the arguments, environment, working folder and standard streams its caller gave it.
 
 How a command reaches it: the launcher puts small scripts of the same names first on
 PATH (:func:`.apphost_client.write_shims`; the code is
@@ -41,6 +41,7 @@ host never initialises CUDA (the server averages on the CPU).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.metadata
 import json
@@ -53,16 +54,20 @@ import sys
 import time
 from pathlib import Path
 
+import fedbn_med.federation.launcher.flower_cli as flower_cli
+
 __all__ = ["MAX_REQUEST", "PRELOAD", "STARTUP_VARS", "TOOLS", "main"]
 
 #: The modules a ServerApp imports, in the order its process would (the numeric code path
 #: is pinned before numpy loads; matplotlib as the convergence plot sets it up).
-PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "fedbn_med.federation.server_app",
-           "fedbn_med.tracking", "mlflow.store.tracking.sqlalchemy_store", "matplotlib",
-           "flwr.supercore.cli", "flwr.cli.app")
+#: Flower's own commands first: a request that comes while the rest loads is served
+#: between two modules (a SuperLink need not wait for MLflow).
+PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "flwr.supercore.cli",
+           "flwr.cli.app", "fedbn_med.federation.server_app", "fedbn_med.tracking",
+           "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.pyplot")
 #: Flower's commands the host runs, by their console-script names (flwr's own metadata
 #: says which function each one is).
-TOOLS = ("flwr-serverapp", "flower-superexec", "flwr")
+TOOLS = ("flower-superlink", "flwr-serverapp", "flower-superexec", "flwr")
 #: The largest request (arguments and environment) the host reads.
 MAX_REQUEST = 1 << 20
 _STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)})
@@ -141,13 +146,23 @@ def _startup(env: dict[str, str]) -> dict[str, str | None]:
     return {k: effective.get(k) for k in (*STARTUP_VARS, SWITCH, *PINNED)}
 
 
-def _serve(listener: socket.socket) -> None:
-    """Answer requests until the launcher stops this host (a child returns from here)."""
+def _serve(listener: socket.socket, preload: tuple[str, ...]) -> None:
+    """Answer requests until the launcher stops this host (a forked child returns never).
+
+    The modules of ``preload`` are loaded first, one between two looks for a request.
+    """
     launcher = os.getppid()
     groups: dict[int, str] = {}  # each running process's group: its FLWR_HOME
     own = _startup(dict(os.environ))
+    pending = list(preload)
     while True:
-        ready, _, _ = select.select([listener], [], [], 1.0)
+        if pending:
+            module = importlib.import_module(pending.pop(0))
+            if module.__name__ == "matplotlib":
+                module.use("Agg")  # as the convergence plot sets it up
+            if not pending:
+                print(f"ServerApp host {os.getpid()} ready", file=sys.stderr, flush=True)
+        ready, _, _ = select.select([listener], [], [], 0.0 if pending else 1.0)
         for pid in _reap():
             groups.pop(pid, None)
         if os.getppid() != launcher:  # the process that started this host is gone
@@ -257,6 +272,10 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
     try:
         die_with(os.getppid())
         conn.settimeout(None)
+        if request["tool"] == "flower-superlink":  # tuned as a fresh one (flower_cli)
+            gc.set_threshold(*flower_cli.SUPERLINK_GC)
+            gc.collect()
+            gc.freeze()
         threading.Thread(target=_die_with_caller, args=(conn,), daemon=True).start()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
@@ -341,14 +360,9 @@ def main(argv: list[str] | None = None) -> None:
     listener.bind(str(args.socket))
     os.chmod(args.socket, 0o600)
     listener.listen(16)
-    for module in PRELOAD:
-        importlib.import_module(module)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    importlib.import_module("matplotlib.pyplot")
-    print(f"ServerApp host {os.getpid()} ready on {args.socket}", file=sys.stderr, flush=True)
-    _serve(listener)
+    print(f"ServerApp host {os.getpid()} listening on {args.socket}", file=sys.stderr,
+          flush=True)
+    _serve(listener, PRELOAD)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,18 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import fedbn_med.federation.launcher.flower_cli as flower_cli
 from fedbn_med.federation.launcher.apphost import TOOLS
 
-__all__ = ["ENV_VAR", "SHIM", "TOOLS", "share", "shared", "socket_folder", "stop_runs",
-           "write_shims"]
+if TYPE_CHECKING:
+    from fedbn_med.federation.launcher.supervisor import Supervisor
+
+__all__ = ["ENV_VAR", "SHIM", "TOOLS", "prepare", "share", "shared", "socket_folder", "start",
+           "stop_runs", "write_shims"]
 
 SHIM = Path(__file__).resolve().with_name("command_shim.py")
 #: ``off``: Flower starts each of its commands afresh. The path of a running host's socket:
@@ -27,6 +33,45 @@ SHIM = Path(__file__).resolve().with_name("command_shim.py")
 #: Unset: each federation starts a host of its own.
 ENV_VAR = "FEDBN_MED_SERVERAPP_HOST"
 _shared: Path | None = None
+
+
+def prepare(workdir: Path, may_share: bool = True) -> tuple[Path | None, Path, Path]:
+    """Return where a federation in ``workdir`` finds its host of Flower's commands.
+
+    That is the host this process shares (:func:`shared`) where ``may_share``, else one
+    of its own, in a private folder (``serverapp-host/``, started by :func:`start`).
+    Returns that folder (None for a shared host), the host's socket, and the folder of
+    the commands that hand themselves to it (``flower-bin/``, :func:`write_shims`).
+
+    Raises
+    ------
+    ValueError
+        When :data:`ENV_VAR` names no socket (see :func:`shared`).
+    """
+    socket_path = shared() if may_share else None
+    own = None
+    if socket_path is None:
+        own = socket_folder(workdir / "serverapp-host")
+        socket_path = own / "serverapp.sock"
+    real = {tool: flower_cli.flwr_tool(tool) for tool in TOOLS}  # Flower's own
+    return own, socket_path, write_shims(workdir / "flower-bin", socket_path, real)
+
+
+def start(supervisor: Supervisor, folder: Path, prefix: Sequence[str] = (),
+          timeout: float = 60.0) -> None:
+    """Start a host listening in ``folder`` as the supervisor's ``serverapp-host``.
+
+    Returns once it listens (it loads its stack afterwards, serving requests between two
+    modules).
+    """
+    sock = folder / "serverapp.sock"
+    sock.unlink(missing_ok=True)
+    supervisor.spawn("serverapp-host", [sys.executable, "-m",
+                                        "fedbn_med.federation.launcher.apphost",
+                                        "--socket", str(sock)], prefix=prefix)
+    supervisor.wait_until("serverapp-host", sock.is_socket, timeout, every=0.02,
+                          exited="The ServerApp host ended at start-up",
+                          late=f"The ServerApp host did not listen within {timeout:.0f} s.")
 
 
 def write_shims(folder: Path, socket_path: Path, real: dict[str, str]) -> Path:

@@ -87,27 +87,20 @@ class LocalFederation:
         # Flower's processes start further Flower commands by name (the SuperLink runs
         # flower-superexec): they must find the ones installed with this Python.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        # Flower's commands (ServerApps, SuperExec, flwr run, key registration) are forked
-        # from a host that loaded their stack once (.apphost, maybe shared): ours, found
-        # first, hand them to it.
+        # Flower's commands (SuperLink, ServerApps, SuperExec, flwr run, key registration)
+        # are forked from a host that loaded their stack once (.apphost, maybe shared):
+        # ours, found first, hand them to it.
         self._apphost_dir: Path | None = None  # this federation's own host's folder
         self._apphost_socket: Path | None = None
-        self._flwr = flower_cli.flwr_tool("flwr")
+        self._flwr, self._superlink = flower_cli.flwr_tool("flwr"), None
         if os.environ.get(APPHOST_ENV_VAR, "").lower() != "off":
-            # under a prefix (another network namespace), they come from a host there
-            try:
-                self._apphost_socket = None if self.prefix else apphost_client.shared()
+            try:  # under a prefix (another network namespace), from a host there
+                self._apphost_dir, self._apphost_socket, shims = apphost_client.prepare(
+                    self.workdir, may_share=not self.prefix)
             except ValueError as err:
                 raise FederationError(str(err)) from None
-            if self._apphost_socket is None:
-                self._apphost_dir = apphost_client.socket_folder(self.workdir
-                                                                 / "serverapp-host")
-                self._apphost_socket = self._apphost_dir / "serverapp.sock"
-            shims = apphost_client.write_shims(
-                self.workdir / "flower-bin", self._apphost_socket,
-                {tool: flower_cli.flwr_tool(tool) for tool in apphost_client.TOOLS})
             path = os.pathsep.join([str(shims), path])
-            self._flwr = str(shims / "flwr")
+            self._flwr, self._superlink = str(shims / "flwr"), str(shims / "flower-superlink")
         self.env = {**os.environ, "PATH": path, "FLWR_HOME": str(self.flwr_home),
                     "PYTHONUNBUFFERED": "1"}
         telemetry_off(self.env)  # Flower's and MLflow's usage reports (the ServerApp logs)
@@ -148,14 +141,14 @@ class LocalFederation:
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until it accepts connections.
 
-        The ServerApp host (unless this process shares one) starts first and loads its
-        stack while the SuperLink and the sites start; a run submitted sooner waits for it.
+        The ServerApp host (unless this process shares one) starts first; it forks the
+        SuperLink once Flower is loaded, then loads the rest of its stack while the sites
+        start (a run submitted sooner waits for it).
         """
         if self._apphost_dir is not None and not self.supervisor.running("serverapp-host"):
-            self.supervisor.spawn("serverapp-host", [
-                sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
-                "--socket", str(self._apphost_dir / "serverapp.sock")], prefix=self.prefix)
-        cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth)
+            apphost_client.start(self.supervisor, self._apphost_dir, self.prefix, timeout)
+        cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth,
+                                           self._superlink)
         self.supervisor.spawn("superlink", cmd, prefix=self.prefix)
         host, _, port = self.local_address.rpartition(":")
         self.supervisor.wait_for_port("superlink", host, int(port), timeout,
@@ -383,9 +376,9 @@ class LocalFederation:
 
     def stop(self) -> None:
         """Stop every process this federation started (sites first, then the server)."""
-        for name in [n for n in self.processes if n not in _SERVERS]:
+        for name in [n for n in self.processes if n not in (*_SERVERS, "serverapp-host")]:
             self.supervisor.stop(name)
-        self._stop_serverapps(signal.SIGTERM, 5.0)
+        self._stop_serverapps(signal.SIGTERM, 5.0)  # with them, a SuperLink it forked
         if self._site_host is not None:
             self._site_host.close()  # the host forks no more sites and ends
         self.supervisor.stop_all(last=_SERVERS)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["APP_DIR", "TlsFiles", "connection_config", "flwr_tool", "register_key",
+__all__ = ["APP_DIR", "SUPERLINK_GC", "TlsFiles", "connection_config", "flwr_tool", "register_key",
            "run_command", "superlink_command", "write_run_config"]
 
 APP_DIR = Path(__file__).resolve().parent.parent / "flower_app"
@@ -47,8 +47,10 @@ def flwr_tool(name: str) -> str:
 # Every message of a round goes through the SuperLink, so its per-request cost sets the
 # pace of a round. Freezing its start-up objects out of collection and running fewer
 # young-generation passes took about a tenth off its CPU time per round here
-# (benchmarks/federation_overhead.py). Flower's code is untouched.
-_SUPERLINK_MAIN = ("import gc, importlib, sys; gc.set_threshold(50000, 50, 100); "
+# (benchmarks/federation_overhead.py). Flower's code is untouched. The host of Flower's
+# commands (.apphost) tunes the SuperLinks it forks the same way.
+SUPERLINK_GC = (50000, 50, 100)
+_SUPERLINK_MAIN = ("import gc, importlib, sys; gc.set_threshold(*{gc!r}); "
                    "module, _, name = {entry!r}.partition(':'); "
                    "main = getattr(importlib.import_module(module), name); gc.collect(); "
                    "gc.freeze(); sys.argv[0] = 'flower-superlink'; sys.exit(main())")
@@ -67,11 +69,16 @@ def superlink_entry_point() -> str:
                             "installed?).")
 
 
-def superlink_command(host: str, port: int, tls: TlsFiles | None, node_auth: bool
-                      ) -> list[str]:
-    """Return the command line of a SuperLink whose Fleet API listens on ``host:port``."""
-    cmd = [sys.executable, "-c", _SUPERLINK_MAIN.format(entry=superlink_entry_point()),
-           "--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
+def superlink_command(host: str, port: int, tls: TlsFiles | None, node_auth: bool,
+                      command: str | None = None) -> list[str]:
+    """Return the command line of a SuperLink whose Fleet API listens on ``host:port``.
+
+    ``command`` is the ``flower-superlink`` to run (default: Flower's entry point in a
+    fresh interpreter, tuned as above).
+    """
+    main = _SUPERLINK_MAIN.format(entry=superlink_entry_point(), gc=SUPERLINK_GC)
+    cmd = [command] if command else [sys.executable, "-c", main]
+    cmd += ["--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
     if tls is None:
         cmd.append("--insecure")
     else:
