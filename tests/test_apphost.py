@@ -27,23 +27,46 @@ from fedbn_med.federation.launcher.processes import FederationError, terminate_t
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def host():
-    folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-test-"))  # private, under /tmp
+def _start_host(folder: Path) -> subprocess.Popen:
     sock = folder / "s.sock"
-    log = open(folder / "host.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
-                             "--socket", str(sock)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with open(folder / "host.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",
+                                 "--socket", str(sock)], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     deadline = time.monotonic() + 120
     while not sock.exists():
         assert proc.poll() is None, (folder / "host.log").read_text()
         assert time.monotonic() < deadline, "the host did not open its socket"
         time.sleep(0.1)
-    yield {"proc": proc, "socket": sock, "folder": folder, "log": folder / "host.log"}
+    return proc
+
+
+@pytest.fixture(scope="module")
+def host():
+    folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-test-"))  # private, under /tmp
+    proc = _start_host(folder)
+    yield {"proc": proc, "socket": folder / "s.sock", "folder": folder,
+           "log": folder / "host.log"}
     terminate_tree(proc.pid, signal.SIGTERM, 10.0)
-    log.close()
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _a_run_in_progress(tmp_path: Path, sock: Path, host: subprocess.Popen
+                       ) -> tuple[subprocess.Popen, set[int]]:
+    """Start a ServerApp whose runtime API never answers (it keeps trying); return its shim
+    and the PIDs the host forked for it."""
+    before = {p.pid for p in psutil.Process(host.pid).children()}
+    shim = subprocess.Popen([str(_write(tmp_path, sock, "/bin/false")),
+                             "--runtime-api-address", "127.0.0.1:9", "--token", "t",
+                             "--insecure"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    forked: set[int] = set()
+    while not forked:
+        assert time.monotonic() < deadline, "the host forked nothing"
+        time.sleep(0.1)
+        forked = {p.pid for p in psutil.Process(host.pid).children()} - before
+    return shim, forked
 
 
 def _ask(sock: Path, payload: bytes, fds: list[int]) -> bytes:
@@ -128,25 +151,29 @@ def test_flowers_cli_runs_in_the_host_with_the_callers_flwr_home(host, tmp_path)
 
 
 def test_a_killed_caller_takes_its_forked_process_with_it(host, tmp_path):
-    # A ServerApp whose runtime API never answers keeps trying, until its caller is gone.
-    before = {p.pid for p in psutil.Process(host["proc"].pid).children()}
-    shim = subprocess.Popen([str(_write(tmp_path, host["socket"], "/bin/false")),
-                             "--runtime-api-address", "127.0.0.1:9", "--token", "t",
-                             "--insecure"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    forked: set[int] = set()
-    while not forked:
-        assert time.monotonic() < deadline, host["log"].read_text()
-        time.sleep(0.1)
-        forked = {p.pid for p in psutil.Process(host["proc"].pid).children()} - before
+    shim, forked = _a_run_in_progress(tmp_path, host["socket"], host["proc"])
     time.sleep(1.0)
     assert forked <= {p.pid for p in psutil.Process(host["proc"].pid).children()}  # it runs
     shim.kill()  # SIGKILL: nothing is forwarded
     shim.wait(timeout=30)
+    deadline = time.monotonic() + 30
     while forked & {p.pid for p in psutil.Process(host["proc"].pid).children()}:
-        assert time.monotonic() < deadline + 30, "the forked process outlived its caller"
+        assert time.monotonic() < deadline, "the forked process outlived its caller"
         time.sleep(0.1)
+
+
+def test_a_stopped_host_ends_what_it_forked_before_it_ends(tmp_path):
+    folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-test-"))
+    proc = _start_host(folder)
+    try:
+        shim, forked = _a_run_in_progress(tmp_path, folder / "s.sock", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, (folder / "host.log").read_text()
+        assert not any(psutil.pid_exists(pid) for pid in forked)  # ended and reaped
+        assert shim.wait(timeout=30) != 0  # the run's caller learns that it ended
+    finally:
+        terminate_tree(proc.pid, signal.SIGKILL, 5.0)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_without_a_host_the_shim_runs_flowers_own_command(tmp_path):

@@ -150,9 +150,20 @@ def _serve(listener: socket.socket, preload: tuple[str, ...]) -> None:
     """Answer requests until the launcher stops this host (a forked child returns never).
 
     The modules of ``preload`` are loaded first, one between two looks for a request.
+    Stopped (SIGTERM) or failing, the host ends what it forked first, and waits for it.
     """
-    launcher = os.getppid()
+    host = os.getpid()
     groups: dict[int, str] = {}  # each running process's group: its FLWR_HOME
+    try:
+        _answer(listener, preload, groups)
+    finally:
+        if os.getpid() == host:
+            _stop_group(groups, None, signal.SIGTERM, grace=4.0)
+
+
+def _answer(listener: socket.socket, preload: tuple[str, ...], groups: dict[int, str]
+            ) -> None:
+    launcher = os.getppid()
     own = _startup(dict(os.environ))
     pending = list(preload)
     while True:
@@ -202,6 +213,9 @@ def _serve(listener: socket.socket, preload: tuple[str, ...]) -> None:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            # What the host loaded is the child's too, copy-on-write: kept out of the
+            # collector's passes, which would touch (and copy) every page of it.
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 listener.close()
@@ -274,8 +288,6 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
         conn.settimeout(None)
         if request["tool"] == "flower-superlink":  # tuned as a fresh one (flower_cli)
             gc.set_threshold(*flower_cli.SUPERLINK_GC)
-            gc.collect()
-            gc.freeze()
         threading.Thread(target=_die_with_caller, args=(conn,), daemon=True).start()
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
