@@ -71,7 +71,7 @@ def _serverapp_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     folder = Path(tempfile.mkdtemp(prefix="fedbn-apphost-"))  # private, and a short path
     sock = folder / "serverapp.sock"
     log = tmp_path_factory.mktemp("serverapp_host") / "host.log"
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # as a federation's processes have it
     telemetry_off(env)
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fedbn_med.federation.launcher.apphost",

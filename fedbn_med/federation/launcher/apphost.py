@@ -41,6 +41,7 @@ host never initialises CUDA (the server averages on the CPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import importlib.metadata
@@ -71,6 +72,7 @@ TOOLS = ("flower-superlink", "flwr-serverapp", "flower-superexec", "flwr")
 #: The largest request (arguments and environment) the host reads.
 MAX_REQUEST = 1 << 20
 _STOP_SIGNALS = frozenset({int(signal.SIGTERM), int(signal.SIGKILL), int(signal.SIGINT)})
+_HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the host's, then the child's
 #: Variables a process reads as it starts or loads its libraries (the import path, thread
 #: pools, devices, the numeric code path): a run whose values differ from the host's is
 #: refused, and Flower's own command starts it afresh.
@@ -81,7 +83,8 @@ STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"
                 # read once, as flwr 1.42 and MLflow 3 load (telemetry, service addresses)
                 "FLWR_TELEMETRY_ENABLED", "FLWR_TELEMETRY_LOGGING", "FLWR_SUPERGRID_API_URL",
                 "FLWR_SUPERGRID_ADDRESS", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT",
-                "FLWR_LOCAL_CONTROL_API_PORT", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
+                "FLWR_LOCAL_CONTROL_API_PORT", "FLWR_LOG_LEVEL", "MLFLOW_DISABLE_TELEMETRY",
+                "DO_NOT_TRACK", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONIOENCODING")
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -109,7 +112,7 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
             raise ValueError(f"expected {wanted} descriptors (a run: stdin, stdout, stderr), "
                              f"got {len(fds)}")
         return request, fds
-    except ValueError:
+    except BaseException:  # refused, or the caller went away: keep none of its streams
         for fd in fds:
             os.close(fd)
         raise
@@ -117,7 +120,8 @@ def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def _check(request: object) -> None:
     if isinstance(request, dict) and set(request) == {"stop", "signal"}:
-        if not (isinstance(request["stop"], str) and request["signal"] in _STOP_SIGNALS):
+        if not (isinstance(request["stop"], str) and type(request["signal"]) is int
+                and request["signal"] in _STOP_SIGNALS):
             raise ValueError(f"a stop request names a group and one of the signals "
                              f"{sorted(_STOP_SIGNALS)}")
         return
@@ -168,9 +172,14 @@ def _answer(listener: socket.socket, preload: tuple[str, ...], groups: dict[int,
     pending = list(preload)
     while True:
         if pending:
-            module = importlib.import_module(pending.pop(0))
-            if module.__name__ == "matplotlib":
-                module.use("Agg")  # as the convergence plot sets it up
+            name = pending.pop(0)
+            try:
+                module = importlib.import_module(name)
+                if name == "matplotlib":
+                    module.use("Agg")  # as the convergence plot sets it up
+            except Exception as err:  # noqa: BLE001 - a forked command loads it itself
+                print(f"ServerApp host: could not load {name}: {err!r}", file=sys.stderr,
+                      flush=True)
             if not pending:
                 print(f"ServerApp host {os.getpid()} ready", file=sys.stderr, flush=True)
         ready, _, _ = select.select([listener], [], [], 0.0 if pending else 1.0)
@@ -186,62 +195,67 @@ def _answer(listener: socket.socket, preload: tuple[str, ...], groups: dict[int,
         except OSError:
             continue
         try:
-            if _peer_uid(conn) != os.getuid():
-                conn.sendall(b"refused: another user\n")
-                continue
-            conn.settimeout(10.0)
-            try:
-                request, fds = _read_request(conn)
-            except (ValueError, OSError) as err:  # a malformed or too large request
-                print(f"ServerApp host: refused a request: {err}", file=sys.stderr,
-                      flush=True)
-                conn.sendall(f"refused: {str(err)[:200]}\n".encode())
-                continue
-            if "stop" in request:
-                stopped = _stop_group(groups, request["stop"], request["signal"])
-                conn.sendall(f"stopped {stopped}\n".encode())
-                continue
-            try:
-                differ = sorted(k for k, v in _startup(request["env"]).items() if own[k] != v)
-            except ValueError as err:  # a numeric-path switch no process would start with
-                differ = [str(err)[:200]]
-            if differ:
-                for fd in fds:
-                    os.close(fd)
-                conn.sendall(f"refused: the run starts with other {', '.join(differ)}\n"
-                             .encode())
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # What the host loaded is the child's too, copy-on-write: kept out of the
-            # collector's passes, which would touch (and copy) every page of it.
-            gc.freeze()
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                _become(conn, request, fds)  # never returns
-            for fd in fds:
-                os.close(fd)
-            groups[pid] = request["env"].get("FLWR_HOME", "")
-            print(f"ServerApp host: forked process {pid} for {request['tool']}",
-                  file=sys.stderr, flush=True)
-            conn.sendall(f"pid {pid}\n".encode())
-        except OSError:
-            pass  # the caller went away; its child (if any) runs on or ends by itself
+            _handle(conn, listener, groups, own)
+        except Exception as err:  # noqa: BLE001 - one failed request never stops the host
+            print(f"ServerApp host: a request failed: {err!r}", file=sys.stderr, flush=True)
         finally:
             conn.close()
 
 
+def _handle(conn: socket.socket, listener: socket.socket, groups: dict[int, str],
+            own: dict[str, str | None]) -> None:
+    """Answer one caller: refuse it, stop a group's processes, or fork its command."""
+    if _peer_uid(conn) != os.getuid():
+        conn.sendall(b"refused: another user\n")
+        return
+    conn.settimeout(10.0)
+    try:
+        request, fds = _read_request(conn)
+    except (ValueError, OSError) as err:  # a malformed or too large request
+        print(f"ServerApp host: refused a request: {err}", file=sys.stderr, flush=True)
+        conn.sendall(f"refused: {str(err)[:200]}\n".encode())
+        return
+    if "stop" in request:
+        stopped = _stop_group(groups, request["stop"], request["signal"])
+        conn.sendall(f"stopped {stopped}\n".encode())
+        return
+    try:  # the caller's streams stay open in the forked child only
+        try:
+            differ = sorted(k for k, v in _startup(request["env"]).items() if own[k] != v)
+        except ValueError as err:  # a numeric-path switch no process would start with
+            differ = [str(err)[:200]]
+        if differ:
+            conn.sendall(f"refused: the run starts with other {', '.join(differ)}\n"
+                         .encode())
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # What the host loaded is the child's too, copy-on-write: kept out of the
+        # collector's passes, which would touch (and copy) every page of it.
+        gc.freeze()
+        # The child takes the signals its command handles, never the host's handlers.
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _become(conn, request, fds, listener)  # never returns
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+        groups[pid] = request["env"].get("FLWR_HOME", "")
+        print(f"ServerApp host: forked process {pid} for {request['tool']}",
+              file=sys.stderr, flush=True)
+        conn.sendall(f"pid {pid}\n".encode())
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _reap() -> list[int]:
     ended: list[int] = []
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return ended
-        if pid == 0:
-            return ended
-        ended.append(pid)
+    with contextlib.suppress(ChildProcessError):
+        while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+            ended.append(pid)
+    return ended
 
 
 def _stop_group(groups: dict[int, str], group: str | None, sig: int,
@@ -276,7 +290,8 @@ def _stop_group(groups: dict[int, str], group: str | None, sig: int,
     return len(pids)
 
 
-def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _become(conn: socket.socket, request: dict, fds: list[int],
+            listener: socket.socket) -> None:
     """In the forked child: run the Flower command as the request says, then exit."""
     import threading
 
@@ -284,14 +299,16 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
 
     code = 1
     try:
+        listener.close()
+        for signum in (*_HANDLED, signal.SIGCHLD):  # blocked since before the fork
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
+                          else signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
         die_with(os.getppid())
         conn.settimeout(None)
         if request["tool"] == "flower-superlink":  # tuned as a fresh one (flower_cli)
             gc.set_threshold(*flower_cli.SUPERLINK_GC)
         threading.Thread(target=_die_with_caller, args=(conn,), daemon=True).start()
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT
-                          else signal.default_int_handler)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -305,15 +322,15 @@ def _become(conn: socket.socket, request: dict, fds: list[int]) -> None:
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, (int, type(None))):  # as the interpreter says it
+            print(stop.code, file=sys.stderr)
     except BaseException:  # noqa: BLE001 - said on the run's stderr, then exit
         import traceback
 
         traceback.print_exc()
     _wind_down()
-    try:
+    with contextlib.suppress(OSError):
         conn.sendall(f"exit {code}\n".encode())
-    except OSError:
-        pass
     os._exit(code)
 
 

@@ -110,8 +110,8 @@ def share(socket_path: Path | None) -> None:
     A process that runs many federations one after another (a test session, a study) then
     loads the ServerApp's stack once, not once per federation. The caller starts the host
     (``python -m fedbn_med.federation.launcher.apphost --socket PATH``) and stops it; None
-    ends the sharing. Each federation still stops its own runs' ServerApps
-    (:func:`stop_runs`) when it stops its SuperLink.
+    ends this call's sharing (:data:`ENV_VAR` may still name a host). Each federation
+    still stops its own processes in it (:func:`stop_runs`) when it stops its SuperLink.
     """
     global _shared
     _shared = None if socket_path is None else Path(socket_path)

@@ -7,8 +7,8 @@ environment, its working folder and its three standard streams to the host
 (:mod:`fedbn_med.federation.launcher.apphost`) over the host's Unix socket, then waits
 for the forked process to end and exits with its code; the signals it gets go on to that
 process, and the process ends should this script be killed. Where the host cannot be
-reached, or refuses, it becomes Flower's own command instead (``exec``), so nothing
-depends on the host.
+reached, is not this user's, or refuses, it becomes Flower's own command instead
+(``exec``), so no command depends on the host being there.
 
 It runs as ``python -I -S command_shim.py SOCKET NAME REAL_COMMAND ARGS...``: no site
 packages and no environment-driven imports, a few milliseconds of start-up.
@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 
 
@@ -47,8 +48,13 @@ def main() -> None:
     payload = len(request).to_bytes(4, "big") + request
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(120.0)  # the host answers between two of the modules it loads
         conn.connect(sock_path)
-        conn.settimeout(120.0)  # the host answers once its stack is loaded: seconds
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():  # our environment goes to it
+            conn.close()
+            _fall_back(name, real, args, "the host is another user's")
+            return
         try:
             sent = socket.send_fds(conn, [payload], _streams())
             if sent < len(payload):

@@ -146,7 +146,10 @@ class LocalFederation:
         start (a run submitted sooner waits for it).
         """
         if self._apphost_dir is not None and not self.supervisor.running("serverapp-host"):
-            apphost_client.start(self.supervisor, self._apphost_dir, self.prefix, timeout)
+            try:
+                apphost_client.start(self.supervisor, self._apphost_dir, self.prefix, timeout)
+            except FederationError as err:  # Flower's own commands run instead (the shims)
+                print(f"fedbn-med: {err}", file=sys.stderr)
         cmd = flower_cli.superlink_command(self.host, self.port, self.tls, self.node_auth,
                                            self._superlink)
         self.supervisor.spawn("superlink", cmd, prefix=self.prefix)
