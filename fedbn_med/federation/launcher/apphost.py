@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import gc
 import importlib
-import importlib.metadata
 import json
 import os
 import select
@@ -52,17 +51,18 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
 import fedbn_med.federation.launcher.flower_cli as flower_cli
+from fedbn_med.federation.launcher.sitehost import die_with
 
 __all__ = ["MAX_REQUEST", "PRELOAD", "STARTUP_VARS", "TOOLS", "main"]
 
-#: The modules a ServerApp imports, in the order its process would (the numeric code path
-#: is pinned before numpy loads; matplotlib as the convergence plot sets it up).
-#: Flower's own commands first: a request that comes while the rest loads is served
-#: between two modules (a SuperLink need not wait for MLflow).
+#: The modules the commands import: the numeric code path pinned before numpy loads, then
+#: Flower's commands, then the ServerApp's stack; a request that comes while they load is
+#: served between two modules (a SuperLink need not wait for MLflow).
 PRELOAD = ("fedbn_med.numerics.pinned", "flwr.superlink.cli", "flwr.supercore.cli",
            "flwr.cli.app", "fedbn_med.federation.server_app", "fedbn_med.tracking",
            "mlflow.store.tracking.sqlalchemy_store", "matplotlib", "matplotlib.pyplot")
@@ -85,6 +85,8 @@ STARTUP_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"
                 "FLWR_SUPERGRID_ADDRESS", "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT",
                 "FLWR_LOCAL_CONTROL_API_PORT", "FLWR_LOG_LEVEL", "MLFLOW_DISABLE_TELEMETRY",
                 "DO_NOT_TRACK", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONIOENCODING")
+
+
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -186,8 +188,7 @@ def _answer(listener: socket.socket, preload: tuple[str, ...], groups: dict[int,
         for pid in _reap():
             groups.pop(pid, None)
         if os.getppid() != launcher:  # the process that started this host is gone
-            _stop_group(groups, None, signal.SIGTERM)
-            raise SystemExit(0)
+            raise SystemExit(0)  # _serve ends what it forked
         if not ready:
             continue
         try:
@@ -228,6 +229,7 @@ def _handle(conn: socket.socket, listener: socket.socket, groups: dict[int, str]
             conn.sendall(f"refused: the run starts with other {', '.join(differ)}\n"
                          .encode())
             return
+        entry = flower_cli.entry_point(request["tool"])  # read once per host, not per fork
         sys.stdout.flush()
         sys.stderr.flush()
         # What the host loaded is the child's too, copy-on-write: kept out of the
@@ -238,7 +240,7 @@ def _handle(conn: socket.socket, listener: socket.socket, groups: dict[int, str]
         try:
             pid = os.fork()
             if pid == 0:
-                _become(conn, request, fds, listener)  # never returns
+                _become(conn, request, entry, fds, listener)  # never returns
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
         groups[pid] = request["env"].get("FLWR_HOME", "")
@@ -290,13 +292,9 @@ def _stop_group(groups: dict[int, str], group: str | None, sig: int,
     return len(pids)
 
 
-def _become(conn: socket.socket, request: dict, fds: list[int],
+def _become(conn: socket.socket, request: dict, entry: str, fds: list[int],
             listener: socket.socket) -> None:
-    """In the forked child: run the Flower command as the request says, then exit."""
-    import threading
-
-    from fedbn_med.federation.launcher.sitehost import die_with
-
+    """In the forked child: run the Flower command ``entry`` as the request says, exit."""
     code = 1
     try:
         listener.close()
@@ -315,7 +313,7 @@ def _become(conn: socket.socket, request: dict, fds: list[int],
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        module, _, name = _entry_point(request["tool"]).partition(":")
+        module, _, name = entry.partition(":")
         command = getattr(importlib.import_module(module), name)
         sys.argv = [request["tool"], *request["argv"]]
         command()
@@ -344,18 +342,9 @@ def _die_with_caller(conn: socket.socket) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _entry_point(tool: str) -> str:
-    """Return ``module:function`` of Flower's command ``tool`` (flwr's own metadata)."""
-    for entry in importlib.metadata.entry_points(group="console_scripts", name=tool):
-        if entry.dist is None or entry.dist.name == "flwr":
-            return str(entry.value)
-    raise FileNotFoundError(f"flwr does not declare the {tool!r} command")
-
-
 def _wind_down() -> None:
     """End as the interpreter ends a process: its threads, its exit handlers, its output."""
     import atexit
-    import threading
 
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:

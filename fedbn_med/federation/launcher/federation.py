@@ -360,17 +360,18 @@ class LocalFederation:
     def stop_process(self, name: str, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
         """Stop one process and every process it started.
 
-        The SuperLink's runs stop with it: their ServerApps, and this federation's own
-        ServerApp host (the next :meth:`start_superlink` starts it again).
+        Stopping the SuperLink stops what the ServerApp host forked for this federation
+        (its ServerApps, SuperExec, ``flwr`` commands), and this federation's own host (the
+        next :meth:`start_superlink` starts it again).
         """
         self.supervisor.stop(name, sig, grace)
         if name == "superlink":
-            self._stop_serverapps(sig, grace)
+            self._stop_forked(sig, grace)
 
-    def _stop_serverapps(self, sig: int, grace: float) -> None:
-        if self._apphost_dir is not None:  # our own host: it and its ServerApps
+    def _stop_forked(self, sig: int, grace: float) -> None:
+        if self._apphost_dir is not None:  # our own host: it and all it forked
             self.supervisor.stop("serverapp-host", sig, grace)
-        elif self._apphost_socket is not None:  # a shared host: our runs' ServerApps
+        elif self._apphost_socket is not None:  # a shared host: what it forked for us
             try:
                 apphost_client.stop_runs(self._apphost_socket, str(self.flwr_home), sig)
             except (OSError, RuntimeError) as err:  # a host in trouble: stop the rest anyway
@@ -381,7 +382,7 @@ class LocalFederation:
         """Stop every process this federation started (sites first, then the server)."""
         for name in [n for n in self.processes if n not in (*_SERVERS, "serverapp-host")]:
             self.supervisor.stop(name)
-        self._stop_serverapps(signal.SIGTERM, 5.0)  # with them, a SuperLink it forked
+        self._stop_forked(signal.SIGTERM, 5.0)  # with them, a SuperLink it forked
         if self._site_host is not None:
             self._site_host.close()  # the host forks no more sites and ends
         self.supervisor.stop_all(last=_SERVERS)

@@ -9,6 +9,7 @@ collector tuned as long-running Python servers often are.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import shutil
@@ -18,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["APP_DIR", "SUPERLINK_GC", "TlsFiles", "connection_config", "flwr_tool", "register_key",
-           "run_command", "superlink_command", "write_run_config"]
+__all__ = ["APP_DIR", "SUPERLINK_GC", "TlsFiles", "connection_config", "entry_point",
+           "flwr_tool", "register_key", "run_command", "superlink_command", "write_run_config"]
 
 APP_DIR = Path(__file__).resolve().parent.parent / "flower_app"
 _BIN = Path(sys.executable).parent
@@ -56,17 +57,23 @@ _SUPERLINK_MAIN = ("import gc, importlib, sys; gc.set_threshold(*{gc!r}); "
                    "gc.freeze(); sys.argv[0] = 'flower-superlink'; sys.exit(main())")
 
 
-def superlink_entry_point() -> str:
-    """Return ``module:function`` of Flower's ``flower-superlink`` command.
+@functools.cache
+def entry_point(name: str) -> str:
+    """Return ``module:function`` of Flower's command ``name`` (``flower-superlink``, ...).
 
     Read from flwr's installed metadata (its declared console script), so the launching
-    process imports none of flwr: only the SuperLink's own process does.
+    process imports none of flwr: only the command's own process does.
     """
-    found = importlib.metadata.entry_points(group="console_scripts", name="flower-superlink")
-    for entry in found:
-        return str(entry.value)
-    raise FileNotFoundError("flwr does not declare the 'flower-superlink' command (is flwr "
+    for entry in importlib.metadata.entry_points(group="console_scripts", name=name):
+        if entry.dist is None or entry.dist.name == "flwr":
+            return str(entry.value)
+    raise FileNotFoundError(f"flwr does not declare the {name!r} command (is flwr "
                             "installed?).")
+
+
+def superlink_entry_point() -> str:
+    """Return ``module:function`` of Flower's ``flower-superlink`` command."""
+    return entry_point("flower-superlink")
 
 
 def superlink_command(host: str, port: int, tls: TlsFiles | None, node_auth: bool,
@@ -76,8 +83,9 @@ def superlink_command(host: str, port: int, tls: TlsFiles | None, node_auth: boo
     ``command`` is the ``flower-superlink`` to run (default: Flower's entry point in a
     fresh interpreter, tuned as above).
     """
-    main = _SUPERLINK_MAIN.format(entry=superlink_entry_point(), gc=SUPERLINK_GC)
-    cmd = [command] if command else [sys.executable, "-c", main]
+    cmd = [command] if command else [
+        sys.executable, "-c", _SUPERLINK_MAIN.format(entry=superlink_entry_point(),
+                                                     gc=SUPERLINK_GC)]
     cmd += ["--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
     if tls is None:
         cmd.append("--insecure")
